@@ -1,0 +1,3 @@
+from trainpod.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from trainpod import __version__, environments
+from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, TrainpodError, UsageError
+from trainpod.examples import EXAMPLES
+from trainpod.launch import Target, available_cpus, build_plan
+from trainpod.preflight import run_preflight
+from trainpod.resolve import BACKENDS, Options, resolve_topology
+from trainpod.topology import Topology
+
+DESCRIPTION = """\
+Start distributed PyTorch training in a container on any cluster.
+
+trainpod reads the cluster's variables (OpenPAI's PAI_*, torchrun/Kubeflow's PET_* or
+MASTER_ADDR/NNODES/NODE_RANK, or nothing for a single node), works out this node's rank and
+the master's address and port, picks the network interface that reaches the master for gloo
+and NCCL, checks the setup before it can hang, and runs torchrun. Flags override variables.
+"""
+
+EXIT_CODES = f"""\
+exit codes:
+  0    success
+  {EXIT_USAGE}   usage error: bad or conflicting flags
+  {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout
+  {EXIT_CONFIG}   configuration error: the cluster's variables are wrong or incomplete
+  other  the training's own exit code (128+N: its rank was killed by signal N)
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 64, not a usage dump and 2."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _topology_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("topology (each overrides what the environment says)")
+    group.add_argument("--source", choices=list(environments.REGISTRY),
+                       help="cluster environment to read (default: detect; env TRAINPOD_SOURCE)")
+    group.add_argument("--nnodes", type=int, help="number of nodes")
+    group.add_argument("--node-rank", type=int, help="this node's rank, 0 = master")
+    group.add_argument("--nproc-per-node", type=int,
+                       help="processes per node (default: TRAINPOD_NPROC_PER_NODE, PET_NPROC_PER_NODE, visible GPUs, else 1)")
+    group.add_argument("--master-addr", help="the master's address")
+    group.add_argument("--master-port", type=int, help="the master's port")
+    group.add_argument("--backend", choices=BACKENDS,
+                       help="collective backend (default: nccl with GPUs, else gloo; env TRAINPOD_BACKEND)")
+    group.add_argument("--interface",
+                       help="network interface for gloo/NCCL (default: GLOO_SOCKET_IFNAME, else the one that reaches the master)")
+    pai = parser.add_argument_group("OpenPAI")
+    pai.add_argument("--pai-roles", help="ordered, comma-separated trainer task roles; the first one's instance 0 "
+                     "is the master (env TRAINPOD_PAI_ROLES; default: the current role)")
+    pai.add_argument("--pai-port-label",
+                     help="port label of the master port (env TRAINPOD_PAI_PORT_LABEL; default: the one label besides ssh/http)")
+
+
+def _target_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--example", choices=list(EXAMPLES), metavar="NAME", help=f"a bundled example: {', '.join(EXAMPLES)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainpod", description=DESCRIPTION, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"trainpod {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    explain = commands.add_parser(
+        "explain",
+        help="print the resolved topology and the launch command; runs nothing, sends nothing",
+        description="Print what `trainpod run` would do on this node, and where each value came from. "
+        "No network I/O: a master given as a DNS name is looked up in /etc/hosts only, unless --resolve.",
+        epilog="usage with a command: trainpod explain [flags] [--example NAME | -- CMD ...]\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    explain.add_argument("--resolve", action="store_true", help="also resolve the master's DNS name to pick the interface")
+    _topology_flags(explain)
+    _target_flags(explain)
+
+    run = commands.add_parser(
+        "run",
+        help="check the setup, then run an example or your command on every local rank via torchrun",
+        description="Resolve the topology, run the preflight checks, then exec torchrun. "
+        "Every output line is prefixed with [nodeN rankR].",
+        epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _topology_flags(run)
+    _target_flags(run)
+    run.add_argument("--connect-timeout", type=float, default=float(os.environ.get("TRAINPOD_CONNECT_TIMEOUT", 300)),
+                     help="seconds to wait for the master (DNS and port) before exit 69 (default 300; env TRAINPOD_CONNECT_TIMEOUT)")
+
+    commands.add_parser("examples", help="list the bundled examples")
+    return parser
+
+
+def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def _options(args: argparse.Namespace) -> Options:
+    return Options(**{name: getattr(args, name) for name in Options.__dataclass_fields__})
+
+
+def _target(args: argparse.Namespace, command: list[str], required: bool) -> Target | None:
+    if args.example and command:
+        raise UsageError(f"trainpod {args.command}: give --example or a command after --, not both")
+    if args.example:
+        return Target.for_example(args.example)
+    if command:
+        return Target(command=tuple(command))
+    if required:
+        raise UsageError(f"trainpod {args.command}: nothing to run: give --example NAME or -- CMD ...")
+    return None
+
+
+def _log(topology: Topology | None = None):
+    prefix = f"[node{topology.node_rank}] trainpod" if topology else "trainpod"
+
+    def log(message: str) -> None:
+        print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def _explain_table(topology: Topology, command: str | None) -> str:
+    rows = [
+        ("source", topology.source, ""),
+        ("nnodes", topology.nnodes, topology.origins.get("nnodes", "")),
+        ("node_rank", topology.node_rank, topology.origins.get("node_rank", "")),
+        ("nproc_per_node", topology.nproc_per_node, topology.origins.get("nproc_per_node", "")),
+        ("world_size", topology.world_size, "nnodes x nproc_per_node"),
+        ("master_addr", topology.master_addr, topology.origins.get("master_addr", "")),
+        ("master_port", topology.master_port, topology.origins.get("master_port", "")),
+        ("backend", topology.backend, topology.origins.get("backend", "")),
+        ("interface", topology.interface or "(not yet known)", f"{topology.origins.get('interface', '')}: {topology.interface_reason}"),
+        ("rendezvous", topology.rendezvous, ""),
+    ]
+    width = max(len(str(value)) for _, value, _ in rows)
+    lines = [f"{name:<15} {str(value):<{width}}  {origin}".rstrip() for name, value, origin in rows]
+    lines += [f"warning: {w}" for w in topology.warnings]
+    if command:
+        lines += ["", "would run:", f"  {command}"]
+    return "\n".join(lines)
+
+
+def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
+    topology = resolve_topology(_options(args), os.environ, resolve_names=args.resolve)
+    target = _target(args, command, required=False)
+    plan = build_plan(topology, target, os.environ, cpus=available_cpus()) if target else None
+    if args.json:
+        data = topology.to_dict()
+        if plan:
+            data["command"] = plan.argv
+            data["env"] = plan.env
+        print(json.dumps(data, indent=2))
+    else:
+        print(_explain_table(topology, plan.command_line() if plan else None))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
+    if args.connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout={args.connect_timeout:g}: expected a number of seconds > 0")
+    target = _target(args, command, required=True)
+    topology = resolve_topology(_options(args), os.environ, resolve_names=False)
+    log = _log(topology)
+    for warning in topology.warnings:
+        log(f"warning: {warning}")
+    topology = run_preflight(topology, os.environ, connect_timeout=args.connect_timeout, log=log)
+    plan = build_plan(topology, target, os.environ, cpus=available_cpus())
+    log(
+        f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
+        f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"
+    )
+    sys.stdout.flush()
+    os.execvpe(plan.argv[0], plan.argv, {**os.environ, **plan.env})
+    return 0  # not reached
+
+
+def cmd_examples(args: argparse.Namespace, command: list[str]) -> int:
+    for example in EXAMPLES.values():
+        print(f"{example.name:<16} {example.description}")
+    return 0
+
+
+COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    own, command = _split_command(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(own)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        if command and args.command not in ("run", "explain"):
+            raise UsageError(f"trainpod {args.command}: takes no command after --")
+        return COMMANDS[args.command](args, command)
+    except TrainpodError as error:
+        print(f"trainpod: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130

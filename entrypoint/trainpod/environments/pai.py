@@ -1,0 +1,161 @@
+"""OpenPAI: the runtime's PAI_* variables (job protocol v2 and the older runtime's spellings).
+
+The variables are described in OpenPAI's job documentation ("PAI Environment Variables") and
+produced by openpai-runtime. Facts that shape this module:
+- several task roles may train together; `--pai-roles` orders them, the first one's instance 0
+  is the master;
+- every task gets the port labels `ssh` and `http`, so the master port is the one *other* label
+  reserved on the master instance; port values are comma lists ("29877,22353");
+- role names may contain underscores, so variables are matched with a known role as prefix;
+- PAI_HOST_IP_* are set only after the gang barrier.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from trainpod.environments.base import (
+    DEFAULT_MASTER_PORT,
+    ClusterEnvironment,
+    Discovery,
+    parse_int,
+    parse_port,
+)
+from trainpod.errors import ConfigError, UsageError
+
+PLATFORM_PORT_LABELS = ("ssh", "http")
+INDEX_VARS = ("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "PAI_TASK_INDEX")
+
+
+class PAIEnvironment(ClusterEnvironment):
+    name = "pai"
+    description = "OpenPAI runtime variables (PAI_CURRENT_TASK_ROLE_NAME, PAI_HOST_IP_*, PAI_PORT_LIST_*)"
+
+    @staticmethod
+    def detect(env: Mapping[str, str]) -> bool:
+        return bool(env.get("PAI_CURRENT_TASK_ROLE_NAME", "").strip())
+
+    def discover(self) -> Discovery:
+        role = self.env["PAI_CURRENT_TASK_ROLE_NAME"].strip()
+        index, index_var = self._current_index()
+        roles, roles_origin = self._trainer_roles(role)
+        counts = {r: self._task_count(r) for r in roles}
+        if index >= counts[role]:
+            raise ConfigError(
+                f"{index_var}={index}: expected an index below "
+                f"PAI_TASK_ROLE_TASK_COUNT_{role}={counts[role]}"
+            )
+        node_rank = sum(counts[r] for r in roles[: roles.index(role)]) + index
+
+        master_role = roles[0]
+        ip_var = f"PAI_HOST_IP_{master_role}_0"
+        master_addr = self.env.get(ip_var, "").strip() or None
+        missing: dict[str, str] = {}
+        if master_addr is None:
+            missing["master_addr"] = (
+                f"{ip_var} is not set: OpenPAI sets the host IPs only after the gang barrier; "
+                "keep gang allocation on for this job (or pass --master-addr)"
+            )
+
+        # A bad or ambiguous port only matters when no --master-port replaces it.
+        master_port, port_origin, warnings = None, "", ()
+        try:
+            master_port, port_origin, warnings = self._master_port(master_role)
+        except ConfigError as error:
+            missing["master_port"] = str(error)
+        count_origin = "+".join(f"PAI_TASK_ROLE_TASK_COUNT_{r}" for r in roles)
+        return Discovery(
+            nnodes=sum(counts.values()),
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+            origins={
+                "nnodes": count_origin,
+                "node_rank": f"{index_var} (+ earlier roles in {roles_origin})" if node_rank != index else index_var,
+                "master_addr": ip_var,
+                "master_port": port_origin,
+            },
+            warnings=warnings,
+            missing=missing,
+        )
+
+    def _current_index(self) -> tuple[int, str]:
+        for var in INDEX_VARS:
+            if self.env.get(var, "").strip():
+                return parse_int(self.env[var], var), var
+        raise ConfigError(f"neither {' nor '.join(INDEX_VARS)} is set: expected this task's index in its role")
+
+    def _trainer_roles(self, current: str) -> tuple[list[str], str]:
+        text, origin = self.setting("pai_roles", "TRAINPOD_PAI_ROLES")
+        if not text or not text.strip():
+            return [current], "PAI_CURRENT_TASK_ROLE_NAME"
+        roles = [r.strip() for r in text.split(",") if r.strip()]
+        error = UsageError if origin.startswith("--") else ConfigError
+        duplicates = sorted({r for r in roles if roles.count(r) > 1})
+        if duplicates:
+            raise error(f"{origin}={text!r}: role {duplicates[0]!r} is listed twice")
+        if current not in roles:
+            raise ConfigError(
+                f"{origin}={text!r}: the current role PAI_CURRENT_TASK_ROLE_NAME={current!r} "
+                "is not a trainer role; list it, or do not run trainpod in this role"
+            )
+        return roles, origin
+
+    def _known_roles(self) -> set[str]:
+        roles = {k[len("PAI_TASK_ROLE_TASK_COUNT_"):] for k in self.env if k.startswith("PAI_TASK_ROLE_TASK_COUNT_")}
+        for var in ("PAI_TASK_ROLE_LIST", "PAI_JOB_TASK_ROLE_LIST"):
+            roles.update(r.strip() for r in self.env.get(var, "").split(",") if r.strip())
+        return roles
+
+    def _task_count(self, role: str) -> int:
+        var = f"PAI_TASK_ROLE_TASK_COUNT_{role}"
+        if var not in self.env:
+            known = ", ".join(sorted(self._known_roles())) or "none found"
+            raise ConfigError(f"{var} is not set: is {role!r} a task role of this job? (roles: {known})")
+        return parse_int(self.env[var], var, minimum=1)
+
+    def _port_variables(self, role: str) -> dict[str, str]:
+        """Port label -> variable for instance 0 of `role`, both spellings, PAI_PORT_LIST_ first."""
+        # A longer role such as "worker_0" must not lend its variables to the role "worker".
+        longer = [r for r in self._known_roles() if r != role and r.startswith(role + "_")]
+        patterns = [
+            (re.compile(rf"PAI_PORT_LIST_{re.escape(role)}_0_(?P<label>.+)"), "PAI_PORT_LIST_{}_"),
+            (re.compile(rf"PAI_{re.escape(role)}_0_(?P<label>.+)_PORT"), "PAI_{}_"),
+        ]
+        found: dict[str, str] = {}
+        for pattern, prefix in patterns:
+            for var in sorted(self.env):
+                match = pattern.fullmatch(var)
+                if not match or any(re.match(re.escape(prefix.format(r)) + r"\d+_", var) for r in longer):
+                    continue
+                found.setdefault(match["label"], var)
+        return found
+
+    def _master_port(self, role: str) -> tuple[int, str, tuple[str, ...]]:
+        variables = self._port_variables(role)
+        chosen, origin = self.setting("pai_port_label", "TRAINPOD_PAI_PORT_LABEL")
+        listing = ", ".join(variables) or "none"
+        if chosen:
+            if chosen not in variables:
+                error = UsageError if origin.startswith("--") else ConfigError
+                raise error(f"{origin}={chosen!r}: no such port label on {role} instance 0 (labels found: {listing})")
+            label = chosen
+        else:
+            candidates = [label for label in variables if label not in PLATFORM_PORT_LABELS]
+            if len(candidates) > 1:
+                raise ConfigError(
+                    f"several port labels are reserved on {role} instance 0 ({', '.join(candidates)}): "
+                    "choose the master's with --pai-port-label or TRAINPOD_PAI_PORT_LABEL"
+                )
+            if not candidates:
+                warning = (
+                    f"no port label is reserved on {role} instance 0 besides ssh/http: using "
+                    f"{DEFAULT_MASTER_PORT}, which may collide with another job on the host; reserve one "
+                    "in the job protocol (taskRoles.<role>.resourcePerInstance.ports)"
+                )
+                return DEFAULT_MASTER_PORT, "default", (warning,)
+            label = candidates[0]
+        var = variables[label]
+        first = self.env[var].split(",")[0]
+        return parse_port(first, var), var, ()

@@ -1,0 +1,109 @@
+"""torchrun's and Kubeflow's variables: PET_* first, then the plain MASTER_ADDR/NNODES family.
+
+Kubeflow's training operators set torchrun's own PET_* variables; older operators (one process
+per pod) set only WORLD_SIZE/RANK, which then count nodes, not processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trainpod.environments.base import (
+    DEFAULT_MASTER_PORT,
+    ClusterEnvironment,
+    Discovery,
+    parse_int,
+    parse_port,
+)
+from trainpod.errors import ConfigError
+
+NNODES_VARS = ("PET_NNODES", "NNODES")
+NODE_RANK_VARS = ("PET_NODE_RANK", "NODE_RANK")
+MASTER_ADDR_VARS = ("PET_MASTER_ADDR", "MASTER_ADDR")
+MASTER_PORT_VARS = ("PET_MASTER_PORT", "MASTER_PORT")
+DETECT_VARS = NNODES_VARS + NODE_RANK_VARS + MASTER_ADDR_VARS + MASTER_PORT_VARS
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str | None, str | None]:
+    for name in names:
+        if env.get(name, "").strip():
+            return env[name], name
+    return None, None
+
+
+def _parse_nnodes(value: str, origin: str) -> int:
+    # torchrun accepts an elastic range "MIN:MAX"; a static job needs MIN == MAX.
+    low, sep, high = value.partition(":")
+    if sep and low.strip() != high.strip():
+        raise ConfigError(
+            f"{origin}={value!r}: an elastic node range needs a rendezvous backend; "
+            "a static job needs one number (or MIN:MAX with MIN == MAX)"
+        )
+    return parse_int(low, origin, minimum=1)
+
+
+class TorchrunEnvironment(ClusterEnvironment):
+    name = "torchrun"
+    description = "torchrun/Kubeflow variables (PET_*, MASTER_ADDR, NNODES, NODE_RANK, WORLD_SIZE/RANK)"
+
+    @staticmethod
+    def detect(env: Mapping[str, str]) -> bool:
+        if any(env.get(name, "").strip() for name in DETECT_VARS):
+            return True
+        return "WORLD_SIZE" in env and "RANK" in env and "LOCAL_RANK" not in env
+
+    def discover(self) -> Discovery:
+        env = self.env
+        origins: dict[str, str] = {}
+
+        nnodes_text, nnodes_var = _first(env, NNODES_VARS)
+        rank_text, rank_var = _first(env, NODE_RANK_VARS)
+        if nnodes_text is None and "LOCAL_RANK" not in env:
+            nnodes_text, nnodes_var = _first(env, ("WORLD_SIZE",))
+            if rank_text is None:
+                rank_text, rank_var = _first(env, ("RANK",))
+
+        nnodes = _parse_nnodes(nnodes_text, nnodes_var) if nnodes_text is not None else 1
+        origins["nnodes"] = nnodes_var or "default (no node count set)"
+
+        missing: dict[str, str] = {}
+        node_rank: int | None = None
+        if rank_text is not None:
+            node_rank = parse_int(rank_text, rank_var)
+            origins["node_rank"] = rank_var
+        elif nnodes > 1:
+            missing["node_rank"] = (
+                f"{nnodes_var}={nnodes_text!r} but no node rank is set: "
+                "set PET_NODE_RANK or NODE_RANK (or pass --node-rank)"
+            )
+        else:
+            node_rank = 0
+            origins["node_rank"] = "default"
+
+        master_addr, addr_var = _first(env, MASTER_ADDR_VARS)
+        if master_addr is None:
+            if nnodes > 1:
+                missing["master_addr"] = (
+                    f"{nnodes_var}={nnodes_text!r} but no master address is set: "
+                    "set PET_MASTER_ADDR or MASTER_ADDR (or pass --master-addr)"
+                )
+            else:
+                master_addr, addr_var = "127.0.0.1", "default (single node)"
+        if master_addr is not None:
+            origins["master_addr"] = addr_var
+
+        port_text, port_var = _first(env, MASTER_PORT_VARS)
+        if port_text is not None:
+            master_port = parse_port(port_text, port_var)
+        else:
+            master_port, port_var = DEFAULT_MASTER_PORT, "default"
+        origins["master_port"] = port_var
+
+        return Discovery(
+            nnodes=nnodes,
+            node_rank=node_rank,
+            master_addr=master_addr.strip() if master_addr else None,
+            master_port=master_port,
+            origins=origins,
+            missing=missing,
+        )

@@ -1,0 +1,38 @@
+"""The exit codes and the one-line error type.
+
+Every failure a user can cause ends here: one line on stderr that names the flag, variable or
+file and what was expected, and an exit code from the BSD sysexits family, so that schedulers
+and supervisors can tell "retrying will not help" (64, 78) from "try again later" (69).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 64  # EX_USAGE: bad or conflicting command-line flags
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the master could not be reached within the preflight timeout
+EXIT_CONFIG = 78  # EX_CONFIG: the environment (cluster variables) is wrong or incomplete
+
+
+class TrainpodError(Exception):
+    """An error the user can fix; printed as one line, never as a traceback."""
+
+    exit_code = 1
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(TrainpodError):
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(TrainpodError):
+    exit_code = EXIT_CONFIG
+
+
+class UnreachableError(TrainpodError):
+    exit_code = EXIT_UNAVAILABLE

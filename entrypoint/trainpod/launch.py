@@ -1,0 +1,94 @@
+"""Topology + what to run -> LaunchPlan: the torchrun argv and the environment it needs. Pure."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trainpod.errors import UsageError
+from trainpod.examples import EXAMPLES
+from trainpod.topology import Topology
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the workers run: a bundled example's module, or the user's own command."""
+
+    module: str | None = None
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+
+    @staticmethod
+    def for_example(name: str, extra_args: Sequence[str] = ()) -> Target:
+        if name not in EXAMPLES:
+            raise UsageError(f"--example={name!r}: expected one of {', '.join(EXAMPLES)}")
+        example = EXAMPLES[name]
+        return Target(module=example.module, args=example.args + tuple(extra_args))
+
+    def torchrun_args(self) -> list[str]:
+        if self.module:
+            return ["-m", self.module, *self.args]
+        # --no-python runs the command as given (`python train.py`, a shell script, a binary),
+        # so what the user typed is exactly what each rank runs.
+        return ["--no-python", *self.command, *self.args]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # only what trainpod adds or changes
+
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+
+def _no_proxy(env: Mapping[str, str], master_addr: str) -> str:
+    current = env.get("NO_PROXY", env.get("no_proxy", ""))
+    entries = [e.strip() for e in current.split(",") if e.strip()]
+    for host in (master_addr, "127.0.0.1", "localhost"):
+        if host not in entries:
+            entries.append(host)
+    return ",".join(entries)
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def build_plan(
+    topology: Topology, target: Target, env: Mapping[str, str], *, max_restarts: int = 0, cpus: int = 1
+) -> LaunchPlan:
+    torchrun = [
+        "--nnodes", str(topology.nnodes),
+        "--node-rank", str(topology.node_rank),
+        "--nproc-per-node", str(topology.nproc_per_node),
+        "--rdzv-backend", "static",
+        "--master-addr", topology.master_addr,
+        "--master-port", str(topology.master_port),
+        "--max-restarts", str(max_restarts),
+        # tee makes torchrun prefix every worker line with the template below.
+        "--tee", "3",
+    ]
+    added = {
+        "TRAINPOD_NODE_RANK": str(topology.node_rank),
+        "TRAINPOD_NNODES": str(topology.nnodes),
+        "TRAINPOD_BACKEND": topology.backend,
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": f"[node{topology.node_rank} rank${{rank}}] ",
+        "NO_PROXY": _no_proxy(env, topology.master_addr),
+    }
+    added["no_proxy"] = added["NO_PROXY"]
+    if topology.interface:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if not env.get(var):
+                added[var] = topology.interface
+    if not env.get("OMP_NUM_THREADS"):
+        # torchrun would force 1 thread (with a banner); share the cores between the local ranks instead.
+        added["OMP_NUM_THREADS"] = str(max(1, cpus // topology.nproc_per_node))
+    argv = [sys.executable, "-m", "trainpod.agent", *torchrun, *target.torchrun_args()]
+    return LaunchPlan(argv=argv, env=added)

@@ -1,0 +1,82 @@
+"""Which network interface gloo and NCCL should use: the one that carries traffic to the master.
+
+Left alone, gloo takes the address the host name resolves to (often 127.0.1.1 in containers)
+and NCCL picks the first non-loopback interface, which on a multi-homed host may not reach the
+master at all. The kernel's routing table knows the answer; we ask it over netlink.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import psutil
+
+
+def is_ip_literal(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def resolve(host: str) -> str:
+    """The IP address `host` resolves to (IPv4 preferred); raises OSError when it does not."""
+    if is_ip_literal(host):
+        return host
+    infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return infos[0][4][0]
+
+
+def resolve_from_hosts_file(host: str, path: str = "/etc/hosts") -> str | None:
+    """`host` looked up in /etc/hosts only: a local file read, no DNS traffic."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as hosts:
+            for line in hosts:
+                fields = line.split("#", 1)[0].split()
+                if len(fields) >= 2 and host in fields[1:]:
+                    return fields[0]
+    except OSError:
+        return None
+    return None
+
+
+def interfaces() -> dict[str, list[str]]:
+    """Interface name -> its IP addresses."""
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {
+        name: [a.address.split("%")[0] for a in addrs if a.family in families]
+        for name, addrs in psutil.net_if_addrs().items()
+    }
+
+
+def route_interface(destination: str) -> str | None:
+    """The interface the kernel would send packets to `destination` through."""
+    from pyroute2 import IPRoute  # netlink; imported late, it is only needed here
+
+    family = socket.AF_INET6 if ipaddress.ip_address(destination).version == 6 else socket.AF_INET
+    try:
+        with IPRoute() as ipr:
+            routes = ipr.route("get", dst=destination, family=family)
+            if not routes:
+                return None
+            links = ipr.get_links(routes[0].get("oif"))
+            return links[0].get("ifname") if links else None
+    except Exception:  # no route (ENETUNREACH), or netlink unavailable: the caller explains
+        return None
+
+
+def interface_for(master_ip: str) -> tuple[str | None, str]:
+    """(interface, why) for reaching `master_ip` from this host."""
+    address = ipaddress.ip_address(master_ip)
+    for name, addresses in interfaces().items():
+        if master_ip in addresses:
+            return name, f"holds the master address {master_ip}"
+    if address.is_loopback:
+        return "lo", "the master is on loopback"
+    name = route_interface(master_ip)
+    if name is None:
+        return None, f"no route to the master {master_ip}"
+    return name, f"carries the route to the master {master_ip}"

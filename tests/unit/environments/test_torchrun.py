@@ -1,0 +1,114 @@
+import pytest
+
+from trainpod.environments.torchrun import TorchrunEnvironment
+from trainpod.errors import ConfigError, UsageError
+from trainpod.resolve import Options, resolve_topology
+
+# What Kubeflow Trainer (TrainJob, torch runtime) sets on a node: torchrun's own PET_* variables.
+KUBEFLOW_TRAINER = {
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "4",
+    "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "mnist-node-0-0.mnist",
+    "PET_MASTER_PORT": "29400",
+    "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    "HOSTNAME": "mnist-node-0-1",
+}
+
+# What the older PyTorchJob operator sets on a worker pod (one process per pod).
+PYTORCHJOB_V1 = {
+    "MASTER_ADDR": "pytorch-dist-mnist-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "3",
+    "RANK": "2",
+    "PYTHONUNBUFFERED": "0",
+}
+
+
+def discover(env):
+    return TorchrunEnvironment(env).discover()
+
+
+def test_kubeflow_trainer_variables():
+    found = discover(KUBEFLOW_TRAINER)
+    assert (found.nnodes, found.node_rank, found.master_addr, found.master_port) == (2, 1, "mnist-node-0-0.mnist", 29400)
+    assert found.origins["node_rank"] == "PET_NODE_RANK"
+
+
+def test_pet_nproc_per_node_is_used():
+    topology = resolve_topology(Options(), KUBEFLOW_TRAINER, resolve_names=False)
+    assert topology.nproc_per_node == 4 and topology.world_size == 8
+    assert topology.source == "torchrun"
+
+
+def test_pytorchjob_world_size_counts_nodes():
+    found = discover(PYTORCHJOB_V1)
+    assert (found.nnodes, found.node_rank) == (3, 2)
+    assert found.origins["nnodes"] == "WORLD_SIZE"
+
+
+def test_world_size_is_ignored_inside_a_torchrun_worker():
+    env = {**PYTORCHJOB_V1, "LOCAL_RANK": "0"}
+    found = discover(env)
+    assert found.nnodes == 1 and found.node_rank == 0
+
+
+def test_pet_wins_over_plain_variables():
+    env = {**KUBEFLOW_TRAINER, "MASTER_ADDR": "other", "NNODES": "7", "NODE_RANK": "6"}
+    found = discover(env)
+    assert (found.nnodes, found.node_rank, found.master_addr) == (2, 1, "mnist-node-0-0.mnist")
+
+
+def test_plain_nnodes_and_node_rank():
+    found = discover({"MASTER_ADDR": "10.0.0.5", "NNODES": "4", "NODE_RANK": "3"})
+    assert (found.nnodes, found.node_rank, found.master_port) == (4, 3, 29500)
+
+
+def test_equal_elastic_range_is_static():
+    assert discover({**KUBEFLOW_TRAINER, "PET_NNODES": "2:2"}).nnodes == 2
+
+
+def test_flags_override():
+    topology = resolve_topology(Options(master_addr="10.1.1.1", master_port=1234, nproc_per_node=1), KUBEFLOW_TRAINER, resolve_names=False)
+    assert (topology.master_addr, topology.master_port, topology.nproc_per_node) == ("10.1.1.1", 1234, 1)
+    assert topology.origins["master_port"] == "--master-port"
+
+
+def error(env, **flags):
+    with pytest.raises((ConfigError, UsageError)) as caught:
+        resolve_topology(Options(**flags), env, resolve_names=False)
+    assert "\n" not in str(caught.value)
+    return caught.value
+
+
+def test_node_rank_not_below_nnodes():
+    e = error({"MASTER_ADDR": "10.0.0.5", "NNODES": "2", "NODE_RANK": "2"})
+    assert e.exit_code == 78 and "NODE_RANK=2" in str(e) and "NNODES=2" in str(e)
+
+
+def test_conflicting_flags():
+    e = error({}, nnodes=2, node_rank=2, master_addr="10.0.0.5")
+    assert e.exit_code == 64 and "--node-rank=2" in str(e) and "--nnodes=2" in str(e)
+
+
+def test_elastic_range_needs_a_rendezvous():
+    e = error({**KUBEFLOW_TRAINER, "PET_NNODES": "1:4"})
+    assert e.exit_code == 78 and "PET_NNODES='1:4'" in str(e)
+
+
+@pytest.mark.parametrize(
+    "var,value", [("PET_NODE_RANK", "x"), ("PET_MASTER_PORT", "99999"), ("PET_NNODES", "0"), ("PET_NPROC_PER_NODE", "many")]
+)
+def test_bad_values_name_the_variable(var, value):
+    e = error({**KUBEFLOW_TRAINER, var: value})
+    assert e.exit_code == 78 and f"{var}={value!r}" in str(e)
+
+
+def test_missing_node_rank_on_a_multi_node_job():
+    e = error({"MASTER_ADDR": "10.0.0.5", "NNODES": "2"})
+    assert e.exit_code == 78 and "NODE_RANK" in str(e)
+
+
+def test_missing_master_on_a_multi_node_job():
+    e = error({"NNODES": "2", "NODE_RANK": "1"})
+    assert e.exit_code == 78 and "MASTER_ADDR" in str(e)

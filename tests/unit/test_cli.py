@@ -1,0 +1,119 @@
+"""The CLI as a user meets it: a real subprocess, its exit code and its stderr."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fixtures.pai_runtime import pai_environment
+
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_", "TRAINPOD_", "MASTER_", "GLOO_", "NCCL_"))
+         and k not in ("NNODES", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
+
+
+def trainpod(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "trainpod", *args], env={**CLEAN, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(result, code):
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("trainpod: error: ")
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_help_lists_commands_and_exit_codes():
+    result = trainpod("--help")
+    assert result.returncode == 0
+    for word in ("explain", "run", "examples", "64", "69", "78"):
+        assert word in result.stdout
+
+
+def test_explain_json_for_a_pai_worker():
+    env = pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1})
+    result = trainpod("explain", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["source"] == "pai" and data["node_rank"] == 1 and data["world_size"] == 2
+    assert data["master_addr"] == env["PAI_HOST_IP_worker_0"]
+    assert data["master_port"] == int(env["PAI_PORT_LIST_worker_0_SyncPort"])
+
+
+def test_explain_table_shows_origins_and_the_command():
+    result = trainpod("explain", "--nproc-per-node", "2", "--example", "cifar10-ddp")
+    assert result.returncode == 0, result.stderr
+    assert "--nproc-per-node" in result.stdout and "would run:" in result.stdout and "trainpod.examples.cifar10" in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["explain", "--nnodes", "x"],
+    ["explain", "--bogus"],
+    ["explain", "--nnodes", "2", "--node-rank", "2", "--master-addr", "10.0.0.1"],
+    ["run", "--example", "cifar10-ddp", "--", "python", "train.py"],
+    ["run"],
+    ["run", "--example", "nope"],
+    ["run", "--connect-timeout", "0", "--example", "cifar10-ddp"],
+    ["explain", "--master-port", "70000"],
+    ["examples", "--", "x"],
+])
+def test_usage_errors_exit_64(args):
+    one_line_error(trainpod(*args), 64)
+
+
+@pytest.mark.parametrize("env", [
+    {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1"},
+    {"PET_NNODES": "two", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "10.0.0.1"},
+    {"PAI_CURRENT_TASK_ROLE_NAME": "worker", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0"},
+])
+def test_configuration_errors_exit_78(env):
+    one_line_error(trainpod("explain", env=env), 78)
+    one_line_error(trainpod("run", "--example", "cifar10-ddp", env=env), 78)
+
+
+def test_unreachable_master_exits_69_within_the_timeout():
+    port = free_port()  # nothing listens there
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NNODES": "2", "NODE_RANK": "1", "HTTP_PROXY": "http://proxy:3128"}
+    started = time.monotonic()
+    result = trainpod("run", "--connect-timeout", "3", "--", "true", env=env)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 69, result.stderr
+    assert elapsed < 15
+    error = [line for line in result.stderr.splitlines() if line.startswith("trainpod: error:")]
+    assert len(error) == 1
+    for part in (f"127.0.0.1:{port}", "MASTER_ADDR", "interface lo", "HTTP_PROXY=http://proxy:3128", "NO_PROXY"):
+        assert part in error[0]
+
+
+def test_unresolvable_master_exits_69():
+    env = {"MASTER_ADDR": "no-such-master.invalid", "NNODES": "2", "NODE_RANK": "1"}
+    line = one_line_error(trainpod("run", "--connect-timeout", "1", "--", "true", env=env), 69)
+    assert "no-such-master.invalid" in line and "did not resolve" in line
+
+
+def test_run_single_node_command_with_prefixes_and_its_exit_code():
+    port = free_port()
+    code = "import os,sys; print('hello from', os.environ['RANK']); sys.exit(int(os.environ['RANK']) * 3)"
+    result = trainpod("run", "--nproc-per-node", "2", "--master-port", str(port), "--", sys.executable, "-c", code, timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert "[node0 rank0] hello from 0" in result.stdout and "[node0 rank1] hello from 1" in result.stdout
+    assert "[node0] trainpod: rank 1 (local rank 1) exited with 3" in result.stderr
+
+
+def test_a_rank_killed_by_a_signal_exits_128_plus_signal():
+    code = "import os,signal; os.kill(os.getpid(), signal.SIGKILL)"
+    result = trainpod("run", "--master-port", str(free_port()), "--", sys.executable, "-c", code, timeout=120)
+    assert result.returncode == 137, result.stderr
+    assert "SIGKILL" in result.stderr

@@ -1,0 +1,45 @@
+import pytest
+
+from trainpod.errors import UsageError
+from trainpod.launch import Target, build_plan
+from trainpod.topology import Topology
+
+TOPOLOGY = Topology(source="pai", nnodes=2, node_rank=1, nproc_per_node=2, master_addr="10.0.0.2",
+                    master_port=29877, backend="gloo", interface="eth1")
+
+
+def test_torchrun_arguments():
+    plan = build_plan(TOPOLOGY, Target.for_example("cifar10-ddp"), {}, cpus=4)
+    argv = plan.argv
+    assert argv[1:3] == ["-m", "trainpod.agent"]
+    joined = " ".join(argv)
+    for part in ("--nnodes 2", "--node-rank 1", "--nproc-per-node 2", "--master-addr 10.0.0.2", "--master-port 29877",
+                 "--rdzv-backend static", "-m trainpod.examples.cifar10"):
+        assert part in joined
+    assert plan.env["OMP_NUM_THREADS"] == "2"
+
+
+def test_user_command_runs_as_given():
+    plan = build_plan(TOPOLOGY, Target(command=("python", "train.py", "--lr", "0.1")), {})
+    assert plan.argv[-5:] == ["--no-python", "python", "train.py", "--lr", "0.1"]
+
+
+def test_interface_is_set_unless_the_user_set_it():
+    assert build_plan(TOPOLOGY, Target(command=("x",)), {}).env["GLOO_SOCKET_IFNAME"] == "eth1"
+    env = build_plan(TOPOLOGY, Target(command=("x",)), {"NCCL_SOCKET_IFNAME": "^docker"}).env
+    assert env["GLOO_SOCKET_IFNAME"] == "eth1" and "NCCL_SOCKET_IFNAME" not in env
+
+
+def test_no_proxy_includes_the_master():
+    env = build_plan(TOPOLOGY, Target(command=("x",)), {"NO_PROXY": "corp.example"}).env
+    assert env["NO_PROXY"].split(",")[:2] == ["corp.example", "10.0.0.2"]
+    assert env["no_proxy"] == env["NO_PROXY"]
+
+
+def test_log_prefix_names_node_and_rank():
+    assert build_plan(TOPOLOGY, Target(command=("x",)), {}).env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[node1 rank${rank}] "
+
+
+def test_unknown_example():
+    with pytest.raises(UsageError, match="--example='nope'"):
+        Target.for_example("nope")

@@ -1,0 +1,68 @@
+import pytest
+
+from fixtures.pai_runtime import pai_environment
+from trainpod.errors import ConfigError, UsageError
+from trainpod.resolve import Options, resolve_topology
+
+
+def resolve(env, **flags):
+    return resolve_topology(Options(**flags), env, resolve_names=False)
+
+
+def test_nothing_set_is_a_single_node():
+    topology = resolve({})
+    assert (topology.source, topology.nnodes, topology.node_rank, topology.master_addr) == ("single", 1, 0, "127.0.0.1")
+    assert (topology.backend, topology.nproc_per_node, topology.interface) == ("gloo", 1, "lo")
+
+
+def test_pai_wins_over_leftover_torchrun_variables():
+    env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "MASTER_ADDR": "elsewhere"}
+    assert resolve(env).source == "pai"
+
+
+def test_source_can_be_forced():
+    env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "MASTER_ADDR": "10.0.0.5"}
+    assert resolve(env, source="torchrun").master_addr == "10.0.0.5"
+    assert resolve({**env, "TRAINPOD_SOURCE": "torchrun"}).source == "torchrun"
+
+
+def test_visible_gpus_set_processes_and_backend():
+    topology = resolve({"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    assert (topology.nproc_per_node, topology.backend) == (3, "nccl")
+
+
+def test_nproc_precedence():
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "TRAINPOD_NPROC_PER_NODE": "1", "PET_NPROC_PER_NODE": "5"}
+    assert resolve(env).nproc_per_node == 1
+    assert resolve(env, nproc_per_node=2).nproc_per_node == 2
+    assert resolve({"PET_NPROC_PER_NODE": "auto", "CUDA_VISIBLE_DEVICES": "0,1"}).nproc_per_node == 2
+
+
+def test_nccl_without_gpus_is_refused():
+    with pytest.raises(UsageError, match="--backend=nccl"):
+        resolve({}, backend="nccl")
+    with pytest.raises(ConfigError, match="TRAINPOD_BACKEND=nccl"):
+        resolve({"TRAINPOD_BACKEND": "nccl"})
+
+
+def test_user_interface_is_kept():
+    topology = resolve({"GLOO_SOCKET_IFNAME": "ib0"})
+    assert topology.interface == "ib0" and topology.origins["interface"] == "GLOO_SOCKET_IFNAME"
+
+
+def test_unknown_interface_flag():
+    with pytest.raises(UsageError, match="--interface='nope0'"):
+        resolve({}, interface="nope0")
+
+
+def test_dns_master_is_left_for_run_time_without_network_io():
+    topology = resolve({"MASTER_ADDR": "master.invalid", "NNODES": "2", "NODE_RANK": "1"})
+    assert topology.interface is None and "run time" in topology.interface_reason
+
+
+def test_pai_explain_keys():
+    env = pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1})
+    data = resolve(env).to_dict()
+    for key in ("source", "nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr", "master_port", "backend", "interface"):
+        assert key in data
+    assert data["world_size"] == 2
