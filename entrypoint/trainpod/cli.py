@@ -64,7 +64,8 @@ def _topology_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _target_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--example", choices=list(EXAMPLES), metavar="NAME", help=f"a bundled example: {', '.join(EXAMPLES)}")
+    parser.add_argument("--example", choices=list(EXAMPLES), metavar="NAME",
+                        help=f"a bundled example: {', '.join(EXAMPLES)}; flags after -- go to the example")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the setup, then run an example or your command on every local rank via torchrun",
         description="Resolve the topology, run the preflight checks, then exec torchrun. "
         "Every output line is prefixed with [nodeN rankR].",
-        epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n\n" + EXIT_CODES,
+        epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n"
+        "an example with its own flags: trainpod run --example cifar10-ddp -- --epochs 5\n\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _topology_flags(run)
@@ -115,10 +117,8 @@ def _options(args: argparse.Namespace) -> Options:
 
 
 def _target(args: argparse.Namespace, command: list[str], required: bool) -> Target | None:
-    if args.example and command:
-        raise UsageError(f"trainpod {args.command}: give --example or a command after --, not both")
     if args.example:
-        return Target.for_example(args.example)
+        return Target.for_example(args.example, command)  # after --: the example's own flags
     if command:
         return Target(command=tuple(command))
     if required:

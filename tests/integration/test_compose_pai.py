@@ -1,0 +1,52 @@
+"""The 2-node OpenPAI job of compose/pai-2node, on the real engine."""
+
+import re
+import time
+
+import pytest
+
+from fixtures.docker_env import REPO, ComposeJob
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
+
+
+@pytest.fixture
+def job(docker_ready):
+    job = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": "10.151.41"})
+    yield job
+    job.down()
+
+
+def test_two_nodes_train_to_identical_weights(job):
+    job.up()
+    codes = job.wait("node0", "node1")
+    assert codes == {"node0": 0, "node1": 0}, job.logs("node0")[-3000:] + job.logs("node1")[-3000:]
+
+    metrics = job.metrics("node0")
+    assert (metrics["world_size"], metrics["nnodes"], metrics["backend"]) == (4, 2, "gloo")
+    assert len(metrics["rank_checksums"]) == 4 and len(set(metrics["rank_checksums"])) == 1
+    assert metrics["checksum"] == metrics["rank_checksums"][0]
+    first, last = metrics["loss_curve"][0][1], metrics["loss_curve"][-1][1]
+    assert last < 0.7 * first, metrics["loss_curve"]
+
+    worker_log = job.logs("node1")
+    assert "pai: node 1 of 2, 2 process(es) per node, master 10.151.41.11:29877, gloo over eth0" in worker_log
+    assert re.search(r"^\[node0 rank0\] epoch 2/2 ", job.logs("node0"), re.M)
+
+
+def test_a_worker_whose_master_never_comes_up_exits_69(job):
+    job.env["TRAINPOD_CONNECT_TIMEOUT"] = "5"
+    started = time.monotonic()
+    job.up("node1")
+    code = job.exit_code("node1", timeout=120)
+    elapsed = time.monotonic() - started
+    log = job.logs("node1")
+    assert code == 69, log
+    assert elapsed < 40, elapsed
+    errors = [line for line in log.splitlines() if line.startswith("trainpod: error:")]
+    assert len(errors) == 1, log
+    for part in ("10.151.41.11:29877", "PAI_HOST_IP_worker_0", "PAI_PORT_LIST_worker_0_SyncPort", "within 5s", "interface eth0"):
+        assert part in errors[0]
+    assert "Traceback" not in log

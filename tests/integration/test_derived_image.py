@@ -1,0 +1,48 @@
+"""A user's image FROM trainpod:cpu, run as a 2-node job with plain `docker run`-style variables."""
+
+import re
+import subprocess
+import uuid
+
+import pytest
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.network import Network
+
+from fixtures.docker_env import IMAGE, run
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+CONTEXT = __file__.rsplit("/", 1)[0] + "/derived"
+
+
+@pytest.fixture
+def derived_image(docker_ready):
+    tag = f"trainpod-derived-test:{uuid.uuid4().hex[:8]}"
+    run("docker", "build", "--build-arg", f"TRAINPOD_IMAGE={IMAGE}", "-t", tag, CONTEXT, env={"DOCKER_BUILDKIT": "0"})
+    yield tag
+    subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+
+
+def node(image, network, rank):
+    return (
+        DockerContainer(image)
+        .with_network(network)
+        .with_network_aliases(f"node{rank}")
+        .with_env("MASTER_ADDR", "node0")
+        .with_env("MASTER_PORT", "29500")
+        .with_env("NNODES", "2")
+        .with_env("NODE_RANK", str(rank))
+        .with_env("TRAINPOD_NPROC_PER_NODE", "2")
+        .with_kwargs(shm_size="512m")
+    )
+
+
+def test_users_script_runs_as_a_two_node_job(derived_image):
+    with Network() as network, node(derived_image, network, 0) as node0, node(derived_image, network, 1) as node1:
+        results = [container.get_wrapped_container().wait(timeout=300) for container in (node0, node1)]
+        logs = ["".join(part.decode() for part in container.get_logs()) for container in (node0, node1)]
+    assert [r["StatusCode"] for r in results] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    lines = re.findall(r"user-script rank=(\d) world=4 node=(\d) weights=(\w+)", "".join(logs))
+    assert sorted(int(rank) for rank, _, _ in lines) == [0, 1, 2, 3]
+    assert len({digest for _, _, digest in lines}) == 1
+    assert "[node1 rank3] user-script rank=3" in logs[1]
