@@ -1,0 +1,106 @@
+"""`make bench`: trainpod's costs, each measured side by side with its baseline in one run.
+
+1. Launcher overhead, in one container: the CIFAR-10 example through `trainpod run` vs bare
+   `torchrun` (same processes, threads, steps): steady-state samples/s and the time from launch
+   to the first completed step. Runs alternate, medians are reported.
+2. Collective bandwidth between the two compose nodes: gloo all_reduce bus bandwidth of large
+   tensors vs a raw TCP stream between the same two containers.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+COMPOSE = ["docker", "compose", "-f", str(HERE / "compose.yaml")]
+ROUNDS = 3
+EXAMPLE_ARGS = "--output-dir /tmp/bench --epochs 8 --max-steps 80 --synthetic-samples 8192 --log-every 20"
+TCP_MB = 1024
+
+
+def exec_in(service: str, command: str) -> subprocess.Popen:
+    return subprocess.Popen([*COMPOSE, "exec", "-T", service, "sh", "-c", command],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process: subprocess.Popen, what: str) -> str:
+    output, _ = process.communicate(timeout=900)
+    if process.returncode != 0:
+        sys.exit(f"bench: {what} failed ({process.returncode}):\n{output[-3000:]}")
+    return output
+
+
+def tagged(output: str, tag: str) -> dict:
+    lines = [line.split(tag, 1)[1] for line in output.splitlines() if tag in line]
+    if not lines:
+        sys.exit(f"bench: no '{tag}' line in:\n{output[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def launch_once(variant: str, port: int) -> dict:
+    if variant == "trainpod":
+        run = f"trainpod run --nproc-per-node 2 --master-port {port} --example cifar10-ddp -- {EXAMPLE_ARGS}"
+    else:
+        run = f"torchrun --nproc-per-node 2 --master-port {port} -m trainpod.examples.cifar10 {EXAMPLE_ARGS}"
+    output = finish(exec_in("node0", f"date +%s.%N; exec {run}"), variant)
+    launched = float(output.splitlines()[0])
+    metrics = tagged(output, "trainpod-metrics: ")
+    return {"samples_per_sec": metrics["samples_per_sec"], "to_first_step_s": metrics["first_step_unix"] - launched}
+
+
+def bench_launcher() -> dict:
+    runs: dict[str, list[dict]] = {"trainpod": [], "torchrun": []}
+    for round_ in range(ROUNDS):
+        order = ("trainpod", "torchrun") if round_ % 2 == 0 else ("torchrun", "trainpod")
+        for variant in order:
+            runs[variant].append(launch_once(variant, 29510 + len(runs[variant]) + (10 if variant == "torchrun" else 0)))
+    return {variant: {key: statistics.median(r[key] for r in results) for key in results[0]} for variant, results in runs.items()}
+
+
+def bench_tcp(port: int) -> float:
+    server = exec_in("node0", f"python3 /bench/tcp_stream.py serve {port}")
+    finish(exec_in("node1", f"python3 /bench/tcp_stream.py send node0 {port} {TCP_MB}"), "tcp send")
+    return tagged(finish(server, "tcp serve"), "bench-tcp: ")["bytes_per_s"]
+
+
+def bench_allreduce(port: int) -> dict:
+    nodes = [exec_in(f"node{rank}", f"trainpod run --nnodes 2 --node-rank {rank} --master-addr node0 --master-port {port} "
+                                    "-- python3 /bench/allreduce.py") for rank in (0, 1)]
+    outputs = [finish(node, f"all_reduce node{rank}") for rank, node in enumerate(nodes)]
+    return tagged(outputs[0], "bench-allreduce: ")
+
+
+def main() -> int:
+    subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
+    try:
+        launcher = bench_launcher()
+        tcp = [bench_tcp(29700)]
+        allreduce = bench_allreduce(29600)
+        tcp.append(bench_tcp(29701))
+    finally:
+        subprocess.run([*COMPOSE, "down", "-t", "2"], capture_output=True)
+
+    trainpod, bare = launcher["trainpod"], launcher["torchrun"]
+    print(f"\nlauncher overhead (one container, 2 processes, CIFAR-10 example, median of {ROUNDS} alternating runs)")
+    print(f"  {'':28}{'trainpod run':>14}{'bare torchrun':>15}{'ratio':>8}")
+    print(f"  {'steady-state samples/s':28}{trainpod['samples_per_sec']:>14.1f}{bare['samples_per_sec']:>15.1f}"
+          f"{trainpod['samples_per_sec'] / bare['samples_per_sec']:>8.3f}")
+    print(f"  {'launch to first step (s)':28}{trainpod['to_first_step_s']:>14.2f}{bare['to_first_step_s']:>15.2f}"
+          f"{trainpod['to_first_step_s'] / bare['to_first_step_s']:>8.3f}")
+    print(f"  extra time to the first step: {trainpod['to_first_step_s'] - bare['to_first_step_s']:+.2f} s")
+
+    tcp_rate = statistics.median(tcp)
+    print(f"\nbandwidth between the two compose nodes (raw TCP: median of {len(tcp)} streams of {TCP_MB} MiB)")
+    print(f"  {'size':>10}{'all_reduce busbw':>20}{'raw TCP':>14}{'ratio':>8}")
+    for result in allreduce["results"]:
+        busbw = result["busbw_bytes_per_s"]
+        print(f"  {result['size_mb']:>7} MiB{busbw / 1e9:>16.2f} GB/s{tcp_rate / 1e9:>9.2f} GB/s{busbw / tcp_rate:>8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
