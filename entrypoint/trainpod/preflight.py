@@ -7,6 +7,7 @@ and every wait is bounded by the connect timeout.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import socket
 import time
@@ -23,6 +24,15 @@ MIN_SHM_BYTES = 512 * 1024 * 1024
 RETRY_INTERVAL_S = 1.0
 
 Log = Callable[[str], None]
+
+
+def check_torch() -> None:
+    """`trainpod explain` runs without torch; launching needs it in this same Python."""
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError(
+            "torch is not installed in this Python: use a trainpod image, or pip install torch "
+            "(CPU: --index-url https://download.pytorch.org/whl/cpu) next to trainpod"
+        )
 
 
 def resolve_master(topology: Topology, timeout: float) -> str:
@@ -128,6 +138,7 @@ def check_interface(topology: Topology) -> None:
 
 def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout: float, log: Log) -> Topology:
     """Run the checks; returns the topology with the interface settled once the master resolved."""
+    check_torch()
     master_ip = resolve_master(topology, connect_timeout)
     if topology.interface is None:
         name, why = network.interface_for(master_ip)

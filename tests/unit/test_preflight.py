@@ -3,7 +3,7 @@ import socket
 import pytest
 
 from trainpod import preflight
-from trainpod.errors import UnreachableError
+from trainpod.errors import ConfigError, UnreachableError
 from trainpod.topology import Topology
 
 
@@ -50,3 +50,10 @@ def test_a_configured_interface_must_exist():
     with pytest.raises(Exception, match="GLOO_SOCKET_IFNAME='nope0'"):
         preflight.check_interface(topology(interface="nope0", origins={"interface": "GLOO_SOCKET_IFNAME"}))
     preflight.check_interface(topology(interface="^docker", origins={"interface": "NCCL_SOCKET_IFNAME"}))
+
+
+def test_launching_needs_torch(monkeypatch):
+    preflight.check_torch()  # installed here
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="torch is not installed"):
+        preflight.check_torch()
