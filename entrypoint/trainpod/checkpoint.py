@@ -1,0 +1,803 @@
+"""Checkpoints that survive a kill at any moment and cost the training loop only a memory copy.
+
+The API (used by the examples, meant for your own scripts too):
+
+    ckpt = Checkpointer(directory, keep=3)
+    ckpt.save(step, state)      # returns once `state` is copied; the write goes on in the background
+    ckpt.wait()                 # every save so far is durable (or its error is raised here)
+    ckpt.load_latest()          # (step, state) of the newest good checkpoint, or None
+    ckpt.close()                # wait() and release the snapshot buffer; also `with Checkpointer(...)`
+
+`state` is any dict that torch.save accepts. Failures of a background write are raised as
+CheckpointError, one line naming the directory, the file and the OS error ("No space left on
+device"), from the next save(), wait() or close().
+
+Files. Step 1234 is `ckpt-00001234.pt` (what torch.save wrote) plus `ckpt-00001234.json`, its
+manifest: format, version, step, file, size, sha256, created, torch version. The manifest is the
+commit point: a data file without one is not a checkpoint. A save writes the data to a temporary
+`.ckpt-00001234.pt.*.tmp` in the same directory, fsyncs it, renames it into place and fsyncs the
+directory; only then does it write the manifest the same way (temporary, fsync, rename, fsync the
+directory). A kill (or power loss) at any point therefore leaves either the old set of
+checkpoints or the old set plus the new one, never a manifest that names bytes that are not all
+on disk. After each commit, checkpoints beyond the newest `keep` (by step) are deleted, manifest
+first; the one just written is never deleted, even if a directory left from another run holds
+higher steps (the first save says so in one line, as load_latest() would prefer those). Steps
+should grow; saving a step again replaces it. The deleting happens after wait() returns (freeing
+a large file costs a good part of what writing it did, and the new checkpoint does not depend on
+it); the next save(), close() and load_latest() wait for it.
+
+Loading. load_latest() goes from the highest step down. A checkpoint counts if its manifest
+parses, the data file's size and sha256 match it, and torch.load reads it; each one that does not
+is reported in one line (truncated, sha256 mismatch, unreadable manifest, no manifest) and the
+next older one is tried. With none left it reports "no checkpoint in DIR: starting fresh" and
+returns None. Verifying reads every byte once more than loading would (sha256 runs at 0.3 to 2
+GB/s, depending on the CPU). A file that matches its sha256 but that torch.load cannot read is not
+damage but a mismatch with this environment (an older torch, a class that no longer imports): that
+raises CheckpointError instead of quietly starting over. Tensors are loaded onto the CPU; the load
+is tried with weights_only=True first, which reads model, optimizer, scheduler and scaler state
+and everything rng_state() returns (it stores the numpy state as a tensor for this reason). State
+that holds other objects (an argparse.Namespace, a numpy array) needs the full unpickler, and
+since "any dict that torch.save accepts" is the contract, the load then falls back to
+weights_only=False. That runs pickle on the file: fine for a directory only your own jobs write,
+as the sha256 check does not make it safe against someone who can write both files.
+
+Saving without stalling. save() waits for the previous save's write to finish (at most one write
+is in flight, so checkpointing needs host memory for one copy of the state and saves complete in
+order), copies every tensor to CPU memory, recursively through dicts, lists and tuples (other
+values with copy.deepcopy), and hands that snapshot to a background thread: the caller may change
+its model as soon as save() returns. The snapshot's buffers are kept and reused by the next save
+whenever a tensor has the same shape, dtype and strides, so a save costs a memcpy, not a fresh
+allocation and its page faults; close() releases them. GPU tensors go into pinned buffers. The
+background thread streams torch.save into the temporary file while a second thread computes the
+sha256 (of the bytes as written) so hashing overlaps writing and fsync.
+
+Interpreter exit. The writer thread is not a daemon: a script that ends (or dies of an exception)
+with a save in flight still finishes that save before the process exits. A failure then is
+logged, but only wait()/close() can turn it into an exception, so end with close() or use the
+Checkpointer as a context manager. A kill loses at most the saves still in flight.
+
+One writer per directory. Only one process may save to a directory (with torchrun: rank 0); every
+rank may load from it. Leftovers of an interrupted save (temporary files, data without manifest)
+are removed by the writer before its first save, not by constructing a Checkpointer, so a rank
+that only loads never deletes a file rank 0 is writing. This module makes no torch.distributed
+calls; a DDP script does this (the RNG states of every rank go into rank 0's checkpoint):
+
+    ckpt = Checkpointer(args.checkpoint_dir, keep=args.keep)          # every rank, shared directory
+    start = 0
+    resumed = ckpt.load_latest()                                        # every rank
+    if resumed is not None:
+        start, state = resumed
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"][dist.get_rank()])
+    for step in range(start + 1, args.steps + 1):
+        train_one_step()
+        if step % args.checkpoint_every == 0:
+            rngs = [None] * dist.get_world_size()
+            dist.all_gather_object(rngs, rng_state())                   # a collective: every rank
+            if dist.get_rank() == 0:
+                ckpt.save(step, {"model": model.module.state_dict(),
+                                 "optimizer": optimizer.state_dict(), "rng": rngs})
+    ckpt.close()                                                        # rank 0: the last save is durable
+
+Every rank reads the directory on its own, so on a shared file system a rank could see another
+newest checkpoint (a late-arriving file, damage seen by one host only); checking that all ranks
+resumed from the same step (all_gather the step) turns that into an error instead of a silent
+divergence.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import copy
+import datetime
+import errno
+import hashlib
+import json
+import operator
+import os
+import pickle
+import queue
+import random
+import re
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainpod.errors import TrainpodError
+
+try:
+    import numpy as _np
+except ImportError:  # torch runs without numpy; so does everything here, only a little slower
+    _np = None
+
+__all__ = ["CheckpointError", "Checkpointer", "rng_state", "set_rng_state"]
+
+FORMAT = "trainpod-checkpoint"
+VERSION = 1
+LOG_PREFIX = "trainpod.checkpoint: "
+
+_NAME = re.compile(r"ckpt-(\d+)\.(pt|json)")
+_TEMP_PREFIX = ".ckpt-"
+_TEMP_SUFFIX = ".tmp"
+_READ_CHUNK = 4 << 20
+# Chunks smaller than this (zip headers, padding, the pickle) are copied for the hashing thread;
+# larger ones are handed over without a copy when they lie in the snapshot's own buffers.
+_DEFER_MIN = 4096
+# Values that deepcopy would return unchanged anyway: skip its bookkeeping.
+_IMMUTABLE = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class CheckpointError(TrainpodError):
+    """A checkpoint could not be saved (or a verified one not loaded); the message is one line."""
+
+
+def _data_name(step: int) -> str:
+    return f"ckpt-{step:08d}.pt"
+
+
+def _manifest_name(step: int) -> str:
+    return f"ckpt-{step:08d}.json"
+
+
+def _default_log(message: str) -> None:
+    print(LOG_PREFIX + message, file=sys.stderr, flush=True)
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool):
+        raise TypeError(f"step must be an int, got {step!r}")
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise TypeError(f"step must be an int, got {type(step).__name__}") from None
+    if step < 0:
+        raise ValueError(f"step must be at least 0, got {step}")
+    return step
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames and unlinks in directory durable (file fsync does not cover the name)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some network and FUSE file systems refuse fsync on a directory; there is nothing more to do.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _shareable(fd: int) -> None:
+    # mkstemp makes files 0600; a shared checkpoint directory is read by the other ranks, which may
+    # run as another user on another host.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+
+
+def _write_file_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+    try:
+        with open(fd, "wb") as f:
+            _shareable(f.fileno())
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _find_os_error(exc: BaseException | None) -> OSError | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+# --- snapshot ----------------------------------------------------------------------------------
+
+
+class _OwnedMemory:
+    """Address ranges of the snapshot's own CPU buffers: bytes in them stay put until the write ends."""
+
+    def __init__(self, ranges: list[tuple[int, int]]):
+        ranges.sort()
+        self._starts = [start for start, _ in ranges]
+        self._ends = [end for _, end in ranges]
+
+    def contains(self, view: memoryview) -> bool:
+        if _np is None or not self._starts:
+            return False
+        try:
+            address = _np.frombuffer(view, dtype=_np.uint8).ctypes.data
+        except (TypeError, ValueError):
+            return False
+        i = bisect.bisect_right(self._starts, address) - 1
+        return i >= 0 and address + view.nbytes <= self._ends[i]
+
+
+class _Snapshot:
+    """A copy of a state that shares no memory with it; tensors on the CPU, in reusable buffers."""
+
+    def __init__(self, spare_state: Any = None):
+        self._spare_state = spare_state
+        self._memo: dict[int, Any] = {}
+        self._filled: set[int] = set()  # spare tensors already used in this snapshot: never fill one twice
+        self._ranges: list[tuple[int, int]] = []
+        self._pending_devices: set[torch.device] = set()
+
+    def take(self, state: Any) -> tuple[Any, _OwnedMemory]:
+        with torch.no_grad():
+            copied = self._copy(state, self._spare_state)
+        for device in self._pending_devices:
+            torch.cuda.synchronize(device)  # the non-blocking copies must land before save() returns
+        return copied, _OwnedMemory(self._ranges)
+
+    def _copy(self, obj: Any, spare: Any) -> Any:
+        if isinstance(obj, _IMMUTABLE):
+            return obj
+        key = id(obj)
+        if key in self._memo:  # the same object twice (tied weights): one copy, as torch.save would
+            return self._memo[key]
+        if isinstance(obj, torch.Tensor):
+            new = self._tensor(obj, spare)
+        elif isinstance(obj, dict):
+            # copy.copy keeps the type, order, a defaultdict's factory and attributes such as the
+            # _metadata of a state_dict (load_state_dict reads versions from it); values replaced below.
+            new = copy.copy(obj)
+            self._memo[key] = new
+            spare_is_dict = isinstance(spare, dict)
+            for k, v in obj.items():
+                new[k] = self._copy(v, spare.get(k) if spare_is_dict else None)
+            for name, value in getattr(obj, "__dict__", {}).items():
+                setattr(new, name, self._copy(value, None))
+            return new
+        elif type(obj) is list:
+            new = []
+            self._memo[key] = new
+            new.extend(self._copy(v, _item(spare, i)) for i, v in enumerate(obj))
+            return new
+        elif type(obj) is tuple:
+            new = tuple(self._copy(v, _item(spare, i)) for i, v in enumerate(obj))
+        elif isinstance(obj, tuple) and hasattr(type(obj), "_make"):  # a namedtuple
+            new = type(obj)._make(self._copy(v, _item(spare, i)) for i, v in enumerate(obj))
+        else:
+            return copy.deepcopy(obj, self._memo)
+        self._memo[key] = new
+        return new
+
+    def _tensor(self, tensor: torch.Tensor, spare: Any) -> torch.Tensor:
+        t = tensor.detach()
+        if t.device.type == "meta":
+            return t.clone()
+        if t.layout != torch.strided or t.is_quantized or type(t) is not torch.Tensor:
+            return t.to("cpu", copy=True)  # rare kinds: plain copy, no buffer reuse
+        if (
+            isinstance(spare, torch.Tensor)
+            and id(spare) not in self._filled
+            and spare.device.type == "cpu"
+            and spare.dtype == t.dtype
+            and spare.shape == t.shape
+            and spare.stride() == t.stride()
+        ):
+            dst = spare
+        else:
+            dst = _empty_cpu_like(t)
+        self._filled.add(id(dst))
+        non_blocking = t.is_cuda and dst.is_pinned()
+        dst.copy_(t, non_blocking=non_blocking)
+        if non_blocking:
+            self._pending_devices.add(t.device)
+        storage = dst.untyped_storage()
+        self._ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        return dst
+
+
+def _item(spare: Any, i: int) -> Any:
+    return spare[i] if isinstance(spare, (list, tuple)) and i < len(spare) else None
+
+
+def _empty_cpu_like(t: torch.Tensor) -> torch.Tensor:
+    if t.is_cuda:
+        # Pinned memory makes the device-to-host copy fast and lets it run without blocking.
+        with contextlib.suppress(RuntimeError):
+            return torch.empty_like(t, device="cpu", pin_memory=True)
+    return torch.empty_like(t, device="cpu")
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+class _Sha256Pipe:
+    """sha256 of a byte stream, computed on its own thread so that it overlaps the write and fsync."""
+
+    def __init__(self, owned: _OwnedMemory):
+        self._owned = owned
+        self._hash = hashlib.sha256()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._aborted = False
+        self._thread = threading.Thread(target=self._run, name="trainpod-checkpoint-sha256", daemon=True)
+        self._thread.start()
+        self.size = 0
+
+    def feed(self, view: memoryview) -> None:
+        self.size += view.nbytes
+        # torch.save hands out views of its own buffers, valid only during the write call, except
+        # for the tensor data, which lies in the snapshot: that stays valid until the save is over.
+        if view.nbytes < _DEFER_MIN:
+            self._queue.put(bytes(view))
+        elif self._owned.contains(view):
+            self._queue.put(view)
+        else:
+            # Large and not ours (no numpy to tell): hash it before the view goes, rather than copy
+            # it, which could pile up a copy of the whole file if hashing falls behind.
+            done = threading.Event()
+            self._queue.put((view, done))
+            done.wait()
+
+    def _run(self) -> None:
+        item = None
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                if isinstance(item, tuple):
+                    if not self._aborted:
+                        self._hash.update(item[0])
+                    item[1].set()
+                elif not self._aborted:
+                    self._hash.update(item)
+        except BaseException as exc:
+            # A digest that missed a chunk would condemn a good checkpoint as corrupt: fail the save.
+            self._error = exc
+            self._aborted = True
+            while item is not None:
+                if isinstance(item, tuple):
+                    item[1].set()
+                item = self._queue.get()
+
+    def finish(self) -> str:
+        """The digest, once every byte fed so far is hashed."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"hashing the checkpoint failed: {self._error}") from self._error
+        return self._hash.hexdigest()
+
+    def abort(self) -> None:
+        self._aborted = True
+        self._queue.put(None)
+        self._thread.join()
+
+
+class _HashingWriter:
+    """The file object torch.save writes to: bytes go to the file and to the sha256 pipe."""
+
+    def __init__(self, file, pipe: _Sha256Pipe):
+        self._file = file
+        self._pipe = pipe
+        self.os_error: OSError | None = None  # torch.save may re-wrap it; the cause is kept here
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._pipe.feed(view)  # first, so that hashing this chunk overlaps writing it
+        try:
+            self._file.write(view)
+        except OSError as exc:
+            self.os_error = self.os_error or exc
+            raise
+        return view.nbytes
+
+    def flush(self) -> None:
+        try:
+            self._file.flush()
+        except OSError as exc:
+            self.os_error = self.os_error or exc
+            raise
+
+
+class _Job:
+    def __init__(self, step: int, state: Any, owned: _OwnedMemory):
+        self.step = step
+        self.state = state
+        self.owned = owned
+        self.os_error: OSError | None = None
+
+
+class Checkpointer:
+    """Atomic, verified, background checkpoints of one training run in `directory`."""
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, log: Callable[[str], None] | None = None):
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int of at least 1, got {keep!r}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self._log = log or _default_log
+        self._cond = threading.Condition()
+        self._job: _Job | None = None  # the save in flight, until its old checkpoints are deleted
+        self._committing = False  # until the save in flight is durable or has failed
+        self._error: CheckpointError | None = None
+        self._spare: Any = None
+        self._prepared = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Checkpointer({str(self.directory)!r}, keep={self.keep})"
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Already failing: finish the write, but do not hide the original exception behind ours
+        # (which the writer logged when it happened).
+        with contextlib.suppress(CheckpointError):
+            self.close()
+
+    # --- the API ---
+
+    def save(self, step: int, state: Any) -> None:
+        """Snapshot `state` as checkpoint `step` and return; the write continues in the background.
+
+        Waits first for the previous save's write (one in flight at a time). Raises CheckpointError
+        if the previous save failed (this state is then not saved) or after close().
+        """
+        step = _check_step(step)
+        with self._cond:
+            if self._closed:
+                raise CheckpointError(f"checkpoint step {step} not saved: the Checkpointer for {self.directory} is closed")
+            self._wait_idle_locked()
+            self._raise_error_locked()
+            if not self._prepared:
+                self._prepare(step)
+                self._prepared = True
+            spare, self._spare = self._spare, None
+        try:
+            state_copy, owned = _Snapshot(spare).take(state)
+        except Exception as exc:
+            with self._cond:
+                self._spare = spare
+            raise CheckpointError(f"checkpoint step {step} not saved: cannot copy the state ({type(exc).__name__}: {exc})") from exc
+        job = _Job(step, state_copy, owned)
+        with self._cond:
+            # Not a daemon: at interpreter exit the save in flight completes instead of vanishing.
+            writer = threading.Thread(target=self._run, args=(job,), name="trainpod-checkpoint-writer", daemon=False)
+            self._job, self._committing = job, True
+            try:
+                writer.start()
+            except RuntimeError as exc:  # "can't start new thread"
+                self._job, self._committing, self._spare = None, False, state_copy
+                raise CheckpointError(f"checkpoint step {step} not saved: {exc}") from exc
+
+    def wait(self) -> None:
+        """Block until every save so far is durable; raise CheckpointError if one failed.
+
+        Deleting the checkpoints beyond `keep` may still be under way; the next save(), close()
+        and load_latest() wait for it.
+        """
+        with self._cond:
+            while self._committing:
+                self._cond.wait()
+            self._raise_error_locked()
+
+    def close(self) -> None:
+        """wait(), then release the snapshot buffers; save() is refused afterwards, load_latest() is not."""
+        with self._cond:
+            self._wait_idle_locked()
+            self._closed = True
+            self._spare = None
+            self._raise_error_locked()
+
+    def load_latest(self) -> tuple[int, Any] | None:
+        """(step, state) of the newest checkpoint that verifies, reporting each one skipped; or None."""
+        with self._cond:
+            self._wait_idle_locked()  # our own saves first; their errors stay for save()/wait()
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            names = []
+        except OSError as exc:
+            raise CheckpointError(f"cannot read the checkpoint directory {self.directory}: {exc.strerror}") from exc
+        data_steps, manifest_steps = _listed_steps(names)
+        for step in sorted(data_steps | manifest_steps, reverse=True):
+            if step not in manifest_steps:
+                self._log(f"ignoring {self.directory / _data_name(step)}: no manifest (its save did not finish)")
+                continue
+            loaded = self._load(step)
+            if loaded is not None:
+                self._log(f"resuming from step {step} ({self.directory / _data_name(step)})")
+                return step, loaded[0]
+        self._log(f"no checkpoint in {self.directory}: starting fresh")
+        return None
+
+    # --- background writing ---
+
+    def _wait_idle_locked(self) -> None:
+        while self._job is not None:
+            self._cond.wait()
+
+    def _raise_error_locked(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _prepare(self, step: int) -> None:
+        """Create the directory and remove what interrupted saves (a killed writer) left behind."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            names = os.listdir(self.directory)
+        except OSError as exc:
+            raise CheckpointError(f"cannot use the checkpoint directory {self.directory}: {exc.strerror}") from exc
+        data_steps, manifest_steps = _listed_steps(names)
+        leftovers = [n for n in names if n.startswith(_TEMP_PREFIX) and n.endswith(_TEMP_SUFFIX)]
+        leftovers += [_data_name(step) for step in sorted(data_steps - manifest_steps)]
+        removed = 0
+        for name in leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.directory / name)
+                removed += 1
+        if removed:
+            self._log(f"removed {removed} leftover file(s) of interrupted saves from {self.directory}")
+        if manifest_steps and max(manifest_steps) > step:
+            # Most likely a directory reused from another run: its checkpoints would win on resume.
+            self._log(
+                f"note: {self.directory} holds a checkpoint of step {max(manifest_steps)}, later than this save's "
+                f"step {step}; load_latest() takes the highest step that verifies"
+            )
+
+    def _run(self, job: _Job) -> None:
+        error = None
+        try:
+            self._write(job)
+        except BaseException as exc:
+            error = self._failure(job, exc)
+            self._log(str(error))
+        with self._cond:
+            if error is not None:
+                self._error = error
+            self._committing = False  # durable (or failed): wait() may return
+            self._cond.notify_all()
+        try:
+            if error is None:
+                # After wait() is released: deleting a large file costs as much as a good part of
+                # writing it (freeing its pages and blocks), and is no part of the new one's safety.
+                self._retain(job.step)
+        finally:
+            with self._cond:
+                self._spare = job.state  # the next save copies into these buffers
+                self._job = None
+                self._cond.notify_all()
+
+    def _failure(self, job: _Job, exc: BaseException) -> CheckpointError:
+        cause = job.os_error or _find_os_error(exc)
+        reason = (cause.strerror or str(cause)) if cause is not None else f"{type(exc).__name__}: {exc}"
+        error = CheckpointError(f"could not save checkpoint step {job.step} in {self.directory} ({_data_name(job.step)}): {reason}")
+        error.__cause__ = cause or exc
+        return error
+
+    def _write(self, job: _Job) -> None:
+        directory = self.directory
+        data_path = directory / _data_name(job.step)
+        manifest_path = directory / _manifest_name(job.step)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{data_path.name}.", suffix=_TEMP_SUFFIX)
+        pipe = _Sha256Pipe(job.owned)
+        writer = None
+        try:
+            with open(fd, "wb") as f:
+                _shareable(f.fileno())
+                writer = _HashingWriter(f, pipe)
+                torch.save(job.state, writer)
+                f.flush()
+                os.fsync(f.fileno())  # while the sha256 thread catches up
+                size = os.fstat(f.fileno()).st_size
+            digest = pipe.finish()
+            if size != pipe.size:
+                raise OSError(errno.EIO, f"wrote {pipe.size} bytes but the file holds {size}")
+        except BaseException:
+            pipe.abort()
+            if writer is not None:
+                job.os_error = writer.os_error
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        if manifest_path.exists():
+            # Saving a step again: uncommit the old one before its data is replaced, so that a crash
+            # in between cannot leave the old manifest next to the new bytes.
+            os.unlink(manifest_path)
+            _fsync_dir(directory)
+        try:
+            os.replace(tmp, data_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        try:
+            # The data's new name must be durable before the manifest that points at it is.
+            _fsync_dir(directory)
+            manifest = {
+                "format": FORMAT,
+                "version": VERSION,
+                "step": job.step,
+                "file": data_path.name,
+                "size": size,
+                "sha256": digest,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "torch": torch.__version__,
+            }
+            _write_file_atomic(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
+        except BaseException:
+            # Uncommitted data is no checkpoint; remove it so that a full disk gets its space back.
+            with contextlib.suppress(OSError):
+                os.unlink(data_path)
+            raise
+
+    def _retain(self, newest: int) -> None:
+        try:
+            _, manifest_steps = _listed_steps(os.listdir(self.directory))
+            old = sorted(manifest_steps, reverse=True)[self.keep :]
+            for step in old:
+                if step == newest:
+                    continue
+                # Manifest first: a crash in between leaves data without a manifest, which is no
+                # checkpoint and is cleaned up later, never a manifest that names a missing file.
+                (self.directory / _manifest_name(step)).unlink(missing_ok=True)
+                (self.directory / _data_name(step)).unlink(missing_ok=True)
+        except OSError as exc:
+            # The new checkpoint is committed; failing it now would be wrong. Say so once.
+            self._log(f"could not delete old checkpoints in {self.directory}: {exc.strerror or exc}")
+
+    # --- loading ---
+
+    def _load(self, step: int) -> tuple[Any] | None:
+        manifest_path = self.directory / _manifest_name(step)
+        data_path = self.directory / _data_name(step)
+        try:
+            manifest = _read_manifest(manifest_path, step)
+        except (OSError, ValueError) as exc:
+            self._log(f"skipping {manifest_path}: unreadable manifest ({exc})")
+            return None
+        try:
+            f = open(data_path, "rb")  # noqa: SIM115 (closed by the `with f` below)
+        except FileNotFoundError:
+            self._log(f"skipping {data_path}: missing, though its manifest names it")
+            return None
+        except OSError as exc:
+            self._log(f"skipping {data_path}: cannot open it ({exc.strerror})")
+            return None
+        with f:
+            size, expected_size = os.fstat(f.fileno()).st_size, manifest["size"]
+            if size != expected_size:
+                what = "truncated" if size < expected_size else "size mismatch"
+                self._log(f"skipping {data_path}: {what} ({size} bytes, its manifest says {expected_size})")
+                return None
+            try:
+                digest = _sha256_file(f)
+            except OSError as exc:
+                self._log(f"skipping {data_path}: cannot read it ({exc.strerror})")
+                return None
+            expected_digest = manifest["sha256"]
+            if digest != expected_digest:
+                self._log(f"skipping {data_path}: corrupt (sha256 mismatch: {digest[:12]}..., its manifest says {expected_digest[:12]}...)")
+                return None
+            return (_torch_load(f, data_path),)
+
+
+def _listed_steps(names: list[str]) -> tuple[set[int], set[int]]:
+    """The steps that have a data file and those that have a manifest, by canonical name only."""
+    data, manifests = set(), set()
+    for name in names:
+        match = _NAME.fullmatch(name)
+        if not match:
+            continue
+        step = int(match.group(1))
+        if match.group(2) == "pt" and name == _data_name(step):
+            data.add(step)
+        elif match.group(2) == "json" and name == _manifest_name(step):
+            manifests.add(step)
+    return data, manifests
+
+
+def _read_manifest(path: Path, step: int) -> dict:
+    with open(path, "rb") as f:
+        manifest = json.loads(f.read().decode())
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise ValueError(f"format version {manifest.get('version')!r}, this trainpod reads {VERSION}")
+    if manifest.get("step") != step or manifest.get("file") != _data_name(step):
+        raise ValueError(f"it describes step {manifest.get('step')!r}, file {manifest.get('file')!r}")
+    size, digest = manifest.get("size"), manifest.get("sha256")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"bad size {size!r}")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"bad sha256 {digest!r}")
+    return manifest
+
+
+def _sha256_file(f) -> str:
+    h = hashlib.sha256()
+    buffer = bytearray(_READ_CHUNK)
+    view = memoryview(buffer)
+    while True:
+        n = f.readinto(buffer)
+        if not n:
+            return h.hexdigest()
+        h.update(view[:n])
+
+
+def _torch_load(f, path: Path) -> Any:
+    try:
+        f.seek(0)
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # Objects outside torch's allowlist (see the module docstring for why this is acceptable).
+            f.seek(0)
+            return torch.load(f, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+# --- RNG state ---------------------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    """This process's random number generator states: python, torch CPU, CUDA (current device), numpy.
+
+    CUDA's is included only once CUDA is initialised (reading it would otherwise create a context),
+    numpy's only if numpy imports. Everything in it loads with torch.load(weights_only=True).
+    """
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    if _np is not None:
+        np_state = _np.random.get_state(legacy=False)
+        if np_state["bit_generator"] == "MT19937":
+            state["numpy"] = {
+                "key": torch.from_numpy(np_state["state"]["key"].astype(_np.int64)),
+                "pos": int(np_state["state"]["pos"]),
+                "has_gauss": int(np_state["has_gauss"]),
+                "gauss": float(np_state["gauss"]),
+            }
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() returned; generators it does not name (or cannot here) are left alone."""
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+    if "numpy" in state and _np is not None:
+        s = state["numpy"]
+        _np.random.set_state(
+            {
+                "bit_generator": "MT19937",
+                "state": {"key": s["key"].cpu().numpy().astype(_np.uint32), "pos": int(s["pos"])},
+                "has_gauss": int(s["has_gauss"]),
+                "gauss": float(s["gauss"]),
+            }
+        )
