@@ -91,11 +91,14 @@ def metrics_line(metrics: Mapping[str, Any]) -> str:
 
 
 def parse_metrics_line(text: str) -> dict | None:
-    """The metrics from the last `trainpod-metrics:` line of a log, or None."""
+    """The metrics from the last `trainpod-metrics:` line of a log, or None.
+
+    The marker may follow a prefix: `trainpod run` starts every rank's line with `[nodeN rankR] `.
+    """
     found = None
     for line in text.splitlines():
-        if line.startswith(METRICS_PREFIX):
-            found = line[len(METRICS_PREFIX) :]
+        if METRICS_PREFIX in line:
+            found = line.split(METRICS_PREFIX, 1)[1]
     return json.loads(found) if found is not None else None
 
 

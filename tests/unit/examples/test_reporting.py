@@ -112,6 +112,7 @@ def test_metrics_line_round_trip():
     log = f"epoch 1/1 step 1/1 loss 2.5\n{metrics_line({'old': True})}\n{line}\ntrailing\n"
     assert parse_metrics_line(log) == metrics
     assert parse_metrics_line("no metrics here\n") is None
+    assert parse_metrics_line("[node0 rank0] " + metrics_line(metrics) + "\n") == metrics
 
 
 def test_process_start_time_is_in_the_past():
