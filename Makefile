@@ -66,27 +66,30 @@ build/wheelhouse/%/.deps: images/requirements-common.txt images/requirements-%.t
 	cp $^ $(@D)/
 	touch $@
 
-# trainpod's own wheel, built from a clean copy of entrypoint/ (no stale build/ or egg-info).
+# trainpod's own wheel, built from a clean copy of entrypoint/ (no stale build/ or egg-info), in a
+# folder of its own: the image installs it in a layer after the third-party wheels, so a change to
+# trainpod reuses the cached layer with torch instead of reinstalling everything.
 build/wheelhouse/%/.trainpod: build/wheelhouse/%/.deps $(TRAINPOD_SRC)
-	rm -rf build/src/$* $(@D)/trainpod-*.whl && mkdir -p build/src/$*
+	rm -rf build/src/$* $(@D)/trainpod && mkdir -p build/src/$* $(@D)/trainpod
 	tar -C entrypoint --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ -cf - . \
 		| tar -C build/src/$* -xf -
-	$(PYTHON) -m pip wheel --disable-pip-version-check --no-deps -w $(@D) build/src/$*
+	$(PYTHON) -m pip wheel --disable-pip-version-check --no-deps -w $(@D)/trainpod build/src/$*
 	rm -rf build/src
 	touch $@
 
 # trainpod:<flavour>, built from build/wheelhouse/<flavour>. The build is skipped when nothing
 # changed: build/image-<flavour>.ids holds the IDs of the base and of the image it made, and is
 # remade when the Dockerfile or the wheelhouse is newer, or when those IDs are not the current ones.
-# After a build, this project's dangling images are pruned, and only those: the classic builder
-# leaves the builder stage behind as one (about 1.2 GB).
+# The builder stage is tagged trainpod-builder:<flavour> (about 1.2 GB) so that its layers stay the
+# build cache; after a build, this project's dangling images (builders and images it replaced) are
+# pruned, and only those.
 image-ids = echo $$($(DOCKER) image inspect -f '{{.Id}}' $(BASE_IMAGE_$(1)) trainpod:$(1) 2>/dev/null)
+image-build-args = -f images/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE_$(1)) --build-arg FLAVOR=$(1) \
+	--build-arg VERSION=$(VERSION) --build-arg VCS_REF=$(VCS_REF) build/wheelhouse/$(1)
 
 build/image-%.ids: images/Dockerfile build/wheelhouse/%/.trainpod
-	$(DOCKER) build -f images/Dockerfile -t trainpod:$* \
-		--build-arg BASE_IMAGE=$(BASE_IMAGE_$*) --build-arg FLAVOR=$* \
-		--build-arg VERSION=$(VERSION) --build-arg VCS_REF=$(VCS_REF) \
-		build/wheelhouse/$*
+	$(DOCKER) build --target builder -t trainpod-builder:$* $(call image-build-args,$*)
+	$(DOCKER) build -t trainpod:$* $(call image-build-args,$*)
 	$(DOCKER) image prune -f --filter label=org.opencontainers.image.title=trainpod
 	$(call image-ids,$*) > $@
 
@@ -120,4 +123,4 @@ clean: ## remove build/ and caches
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
 
 clean-images: ## remove the trainpod images (make base starts again)
-	-$(DOCKER) image rm $(FLAVORS:%=trainpod:%) $(BASE_IMAGE)
+	-$(DOCKER) image rm $(FLAVORS:%=trainpod:%) $(FLAVORS:%=trainpod-builder:%) $(BASE_IMAGE)
