@@ -109,6 +109,7 @@ from typing import Any, Callable
 
 import torch
 
+from trainpod.atomic import fsync_dir, make_shareable, write_bytes_atomic
 from trainpod.errors import TrainpodError
 
 try:
@@ -159,43 +160,6 @@ def _check_step(step: Any) -> int:
     if step < 0:
         raise ValueError(f"step must be at least 0, got {step}")
     return step
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the renames and unlinks in directory durable (file fsync does not cover the name)."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        # Some network and FUSE file systems refuse fsync on a directory; there is nothing more to do.
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _shareable(fd: int) -> None:
-    # mkstemp makes files 0600; a shared checkpoint directory is read by the other ranks, which may
-    # run as another user on another host.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-
-
-def _write_file_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
-    try:
-        with open(fd, "wb") as f:
-            _shareable(f.fileno())
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _find_os_error(exc: BaseException | None) -> OSError | None:
@@ -602,7 +566,7 @@ class Checkpointer:
         writer = None
         try:
             with open(fd, "wb") as f:
-                _shareable(f.fileno())
+                make_shareable(f.fileno())
                 writer = _HashingWriter(f, pipe)
                 torch.save(job.state, writer)
                 f.flush()
@@ -622,7 +586,7 @@ class Checkpointer:
             # Saving a step again: uncommit the old one before its data is replaced, so that a crash
             # in between cannot leave the old manifest next to the new bytes.
             os.unlink(manifest_path)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         try:
             os.replace(tmp, data_path)
         except BaseException:
@@ -631,7 +595,7 @@ class Checkpointer:
             raise
         try:
             # The data's new name must be durable before the manifest that points at it is.
-            _fsync_dir(directory)
+            fsync_dir(directory)
             manifest = {
                 "format": FORMAT,
                 "version": VERSION,
@@ -642,7 +606,7 @@ class Checkpointer:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "torch": torch.__version__,
             }
-            _write_file_atomic(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
+            write_bytes_atomic(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode(), temp_suffix=_TEMP_SUFFIX)
         except BaseException:
             # Uncommitted data is no checkpoint; remove it so that a full disk gets its space back.
             with contextlib.suppress(OSError):

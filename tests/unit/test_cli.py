@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,12 @@ CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_"
          and k not in ("NNODES", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
 
 
+# This checkout's package, whichever trainpod is installed (torchrun's workers inherit it too).
+ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
+
+
 def trainpod(*args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "trainpod", *args], env={**CLEAN, **(env or {})},
+    return subprocess.run([sys.executable, "-m", "trainpod", *args], env={**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 

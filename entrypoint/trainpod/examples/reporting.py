@@ -7,16 +7,16 @@ stdout line `trainpod-metrics: {...}` for callers that see only the log.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from trainpod.atomic import write_bytes_atomic
 
 METRICS_FILE = "metrics.json"
 METRICS_PREFIX = "trainpod-metrics: "
@@ -66,23 +66,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     """Write obj as JSON so that readers see the old file or the whole new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp makes the file 0600; metrics are meant to be read by others (a shared volume).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_bytes_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def metrics_line(metrics: Mapping[str, Any]) -> str:
