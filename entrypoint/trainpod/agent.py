@@ -53,6 +53,7 @@ def _prefix_logs(prefix: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     node = os.environ.get("TRAINPOD_NODE_RANK", "?")
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -70,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         return _exit_code(error.get_first_failure()[1].exitcode)
+    except SignalException as error:
+        # torchrun has already stopped the workers; a stop request is no crash, so no traceback.
+        print(f"[node{node}] trainpod: received {signal.Signals(error.sigval).name}: the workers were stopped",
+              file=sys.stderr, flush=True)
+        return 128 + error.sigval
     return 0
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Sequence
 
 from trainpod import __version__, environments
-from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, TrainpodError, UsageError
+from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
 from trainpod.resolve import BACKENDS, Options, resolve_topology
+from trainpod.supervise import Policy, run_supervised
 from trainpod.topology import Topology
 
 DESCRIPTION = """\
@@ -33,6 +35,9 @@ exit codes:
   {EXIT_CONFIG}   configuration error: the cluster's variables are wrong or incomplete
   other  the training's own exit code (128+N: its rank was killed by signal N)
 """
+
+
+SUPERVISED = "TRAINPOD_SUPERVISED"  # set for the job that supervisord runs: it runs, it does not supervise
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,14 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="check the setup, then run an example or your command on every local rank via torchrun",
-        description="Resolve the topology, run the preflight checks, then exec torchrun. "
-        "Every output line is prefixed with [nodeN rankR].",
+        description="Resolve the topology, then, under supervisord (restarted after failures, never after 64 or 78), "
+        "run the preflight checks and torchrun. Every output line is prefixed with [nodeN rankR].",
         epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n"
         "an example with its own flags: trainpod run --example cifar10-ddp -- --epochs 5\n\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _topology_flags(run)
     _target_flags(run)
+    supervision = run.add_argument_group("supervision (supervisord restarts the job; 64 and 78 are never restarted)")
+    supervision.add_argument("--max-restarts", type=int, default=int(os.environ.get("TRAINPOD_MAX_RESTARTS", 3)),
+                             help="restarts after a failure, with exponential backoff (default 3; env TRAINPOD_MAX_RESTARTS)")
+    supervision.add_argument("--restart-backoff", type=float, default=float(os.environ.get("TRAINPOD_RESTART_BACKOFF", 1)),
+                             help="seconds before the first restart, doubling each time (default 1; env TRAINPOD_RESTART_BACKOFF)")
+    supervision.add_argument("--no-supervise", action="store_true",
+                             help="exec torchrun directly: no supervisord, no restarts")
     run.add_argument("--connect-timeout", type=float, default=float(os.environ.get("TRAINPOD_CONNECT_TIMEOUT", 300)),
                      help="seconds to wait for the master (DNS and port) before exit 69 (default 300; env TRAINPOD_CONNECT_TIMEOUT)")
 
@@ -176,6 +188,8 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         raise UsageError(f"--connect-timeout={args.connect_timeout:g}: expected a number of seconds > 0")
     target = _target(args, command, required=True)
     topology = resolve_topology(_options(args), os.environ, resolve_names=False)
+    if not (args.no_supervise or os.environ.get(SUPERVISED) == "1"):
+        return _run_supervised(args, topology)
     log = _log(topology)
     for warning in topology.warnings:
         log(f"warning: {warning}")
@@ -188,6 +202,17 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     sys.stdout.flush()
     os.execvpe(plan.argv[0], plan.argv, {**os.environ, **plan.env})
     return 0  # not reached
+
+
+def _run_supervised(args: argparse.Namespace, topology: Topology) -> int:
+    """The outer run: the environment checked out (64/78 end here), the job itself under supervisord."""
+    if args.max_restarts < 0 or args.restart_backoff < 0:
+        raise UsageError(f"--max-restarts={args.max_restarts}, --restart-backoff={args.restart_backoff:g}: expected numbers >= 0")
+    if importlib.util.find_spec("supervisor") is None:
+        raise ConfigError("supervisor is not installed in this Python: pip install supervisor, or run with --no-supervise")
+    policy = Policy(max_restarts=args.max_restarts, backoff_s=args.restart_backoff)
+    job = [sys.executable, "-m", "trainpod", *args.argv]
+    return run_supervised(job, {**os.environ, SUPERVISED: "1"}, policy, f"[node{topology.node_rank}] trainpod")
 
 
 def cmd_examples(args: argparse.Namespace, command: list[str]) -> int:
@@ -204,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(own)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE

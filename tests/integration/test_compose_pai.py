@@ -38,6 +38,7 @@ def test_two_nodes_train_to_identical_weights(job):
 
 def test_a_worker_whose_master_never_comes_up_exits_69(job):
     job.env["TRAINPOD_CONNECT_TIMEOUT"] = "5"
+    job.env["TRAINPOD_MAX_RESTARTS"] = "0"  # one attempt: this test is about the preflight's bound
     started = time.monotonic()
     job.up("node1")
     code = job.exit_code("node1", timeout=120)
@@ -50,3 +51,4 @@ def test_a_worker_whose_master_never_comes_up_exits_69(job):
     for part in ("10.151.41.11:29877", "PAI_HOST_IP_worker_0", "PAI_PORT_LIST_worker_0_SyncPort", "within 5s", "interface eth0"):
         assert part in errors[0]
     assert "Traceback" not in log
+    assert "the job exited with 69 after 1 attempt(s)" in log

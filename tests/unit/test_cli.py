@@ -73,6 +73,7 @@ def test_explain_table_shows_origins_and_the_command():
     ["run", "--connect-timeout", "0", "--example", "cifar10-ddp"],
     ["explain", "--master-port", "70000"],
     ["examples", "--", "x"],
+    ["run", "--max-restarts", "-1", "--", "true"],
 ])
 def test_usage_errors_exit_64(args):
     one_line_error(trainpod(*args), 64)
@@ -92,7 +93,7 @@ def test_unreachable_master_exits_69_within_the_timeout():
     port = free_port()  # nothing listens there
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NNODES": "2", "NODE_RANK": "1", "HTTP_PROXY": "http://proxy:3128"}
     started = time.monotonic()
-    result = trainpod("run", "--connect-timeout", "3", "--", "true", env=env)
+    result = trainpod("run", "--no-supervise", "--connect-timeout", "3", "--", "true", env=env)
     elapsed = time.monotonic() - started
     assert result.returncode == 69, result.stderr
     assert elapsed < 15
@@ -104,14 +105,15 @@ def test_unreachable_master_exits_69_within_the_timeout():
 
 def test_unresolvable_master_exits_69():
     env = {"MASTER_ADDR": "no-such-master.invalid", "NNODES": "2", "NODE_RANK": "1"}
-    line = one_line_error(trainpod("run", "--connect-timeout", "1", "--", "true", env=env), 69)
+    line = one_line_error(trainpod("run", "--no-supervise", "--connect-timeout", "1", "--", "true", env=env), 69)
     assert "no-such-master.invalid" in line and "did not resolve" in line
 
 
 def test_run_single_node_command_with_prefixes_and_its_exit_code():
     port = free_port()
     code = "import os,sys; print('hello from', os.environ['RANK']); sys.exit(int(os.environ['RANK']) * 3)"
-    result = trainpod("run", "--nproc-per-node", "2", "--master-port", str(port), "--", sys.executable, "-c", code, timeout=120)
+    result = trainpod("run", "--no-supervise", "--nproc-per-node", "2", "--master-port", str(port), "--", sys.executable, "-c", code,
+                      timeout=120)
     assert result.returncode == 3, result.stderr
     assert "[node0 rank0] hello from 0" in result.stdout and "[node0 rank1] hello from 1" in result.stdout
     assert "[node0] trainpod: rank 1 (local rank 1) exited with 3" in result.stderr
@@ -119,6 +121,6 @@ def test_run_single_node_command_with_prefixes_and_its_exit_code():
 
 def test_a_rank_killed_by_a_signal_exits_128_plus_signal():
     code = "import os,signal; os.kill(os.getpid(), signal.SIGKILL)"
-    result = trainpod("run", "--master-port", str(free_port()), "--", sys.executable, "-c", code, timeout=120)
+    result = trainpod("run", "--no-supervise", "--master-port", str(free_port()), "--", sys.executable, "-c", code, timeout=120)
     assert result.returncode == 137, result.stderr
     assert "SIGKILL" in result.stderr

@@ -1,0 +1,102 @@
+"""Supervision: the policy, the generated supervisord configuration, and real supervisord runs."""
+
+import configparser
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainpod.supervise import STOP_WAIT_S, Policy, render_config
+
+ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_", "TRAINPOD_", "MASTER_"))}
+
+
+def test_policy_never_restarts_success_usage_or_configuration_errors():
+    policy = Policy(max_restarts=3)
+    assert not any(policy.restarts(code, 0) for code in (0, 64, 78))
+    assert all(policy.restarts(code, 0) for code in (1, 3, 69, 137, 143))
+    assert policy.restarts(1, 2) and not policy.restarts(1, 3)
+
+
+def test_backoff_doubles_up_to_a_cap():
+    policy = Policy(backoff_s=1.5, backoff_max_s=10)
+    assert [policy.delay(n) for n in (1, 2, 3, 4, 5)] == [1.5, 3, 6, 10, 10]
+
+
+def test_config_handles_supervisord_traps(tmp_path):
+    text = render_config(["python", "-m", "trainpod", "run", "--", "echo", "100%"], ["python", "-m", "trainpod.supervise"], tmp_path)
+    config = configparser.RawConfigParser()
+    config.read_string(text)
+    job = config["program:job"]
+    assert job["autorestart"] == "false"  # supervisord alone would restart a RUNNING program forever
+    assert job["stopasgroup"] == job["killasgroup"] == "true"
+    assert int(job["stopwaitsecs"]) == STOP_WAIT_S > 30  # torchrun's own shutdown takes up to 30 s
+    assert job["command"].endswith("echo 100%%")  # supervisord would expand a bare %
+    assert config["eventlistener:policy"]["events"] == "PROCESS_STATE_EXITED"
+    assert str(tmp_path) in config["unix_http_server"]["file"]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def supervised(*command, restarts="2", env=None, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()), "--max-restarts", restarts,
+         "--restart-backoff", "0.1", *command],
+        env={**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})}, capture_output=True, text=True, timeout=180, **kwargs)
+
+
+def test_a_failing_job_is_restarted_then_exits_with_its_code():
+    result = supervised("--", "sh", "-c", "echo attempt; exit 3")
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.count("attempt") == 3
+    assert "restart 1 of 2 in 0.1s" in result.stderr and "restart 2 of 2 in 0.2s" in result.stderr
+    assert "exited with 3 after 3 attempt(s) (--max-restarts 2): giving up" in result.stderr
+
+
+def test_a_configuration_error_is_not_restarted():
+    result = supervised("--", "sh", "-c", "echo attempt; exit 78")
+    assert result.returncode == 78, result.stderr
+    assert result.stdout.count("attempt") == 1
+    assert "not restarted" in result.stderr
+
+
+def test_an_unreachable_master_is_retried():
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NNODES": "2", "NODE_RANK": "1",
+           "TRAINPOD_CONNECT_TIMEOUT": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "trainpod", "run", "--max-restarts", "1", "--restart-backoff", "0.1", "--", "true"],
+        env={**CLEAN, "PYTHONPATH": ENTRYPOINT, **env}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 69, result.stderr
+    assert result.stderr.count("trainpod: error: master 127.0.0.1") == 2
+    assert "after 2 attempt(s)" in result.stderr
+
+
+def test_success_is_zero_and_sigterm_is_143():
+    assert supervised("--", "true").returncode == 0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()), "--", "sh", "-c", "echo up; sleep 60"],
+        env={**CLEAN, "PYTHONPATH": ENTRYPOINT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while "up" not in process.stdout.readline():
+        assert time.monotonic() < deadline and process.poll() is None
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=90)
+    assert process.returncode == 143, stderr
+    assert "received SIGTERM" in stderr
+
+
+@pytest.mark.parametrize("bad", [["--max-restarts", "-1"], ["--restart-backoff", "-2"]])
+def test_bad_policy_flags(bad):
+    result = subprocess.run([sys.executable, "-m", "trainpod", "run", *bad, "--", "true"],
+                            env={**CLEAN, "PYTHONPATH": ENTRYPOINT}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 64 and result.stderr.count("\n") == 1
