@@ -14,21 +14,22 @@ def logs(container) -> str:
     return "".join(part.decode() for part in container.get_logs())
 
 
-def test_the_container_exits_with_the_jobs_code_after_its_restarts(docker_ready):
-    command = "trainpod run --max-restarts 2 --restart-backoff 0.1 -- sh -c 'echo attempt; exit 3'"
+def run_to_exit(command: str) -> tuple[int, str]:
+    """The container's exit code and its output."""
     with DockerContainer(IMAGE).with_command(command) as container:
         status = container.get_wrapped_container().wait(timeout=120)["StatusCode"]
-        output = logs(container)
+        return status, logs(container)
+
+
+def test_the_container_exits_with_the_jobs_code_after_its_restarts(docker_ready):
+    status, output = run_to_exit("trainpod run --max-restarts 2 --restart-backoff 0.1 -- sh -c 'echo attempt; exit 3'")
     assert status == 3, output
     assert output.count("attempt\n") == 3
     assert "the job exited with 3 after 3 attempt(s) (--max-restarts 2): giving up" in output
 
 
 def test_a_configuration_error_exits_78_with_one_attempt(docker_ready):
-    command = "trainpod run -- sh -c 'echo attempt; exit 78'"
-    with DockerContainer(IMAGE).with_command(command) as container:
-        status = container.get_wrapped_container().wait(timeout=120)["StatusCode"]
-        output = logs(container)
+    status, output = run_to_exit("trainpod run -- sh -c 'echo attempt; exit 78'")
     assert status == 78, output
     assert output.count("attempt\n") == 1
 
