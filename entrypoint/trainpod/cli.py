@@ -47,6 +47,17 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+def _env_number(var: str, default, kind):
+    """A flag's default from a variable; a malformed one is a configuration error that names it."""
+    text = os.environ.get(var, "").strip()
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{var}={text!r}: expected a number") from None
+
+
 def _topology_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology (each overrides what the environment says)")
     group.add_argument("--source", choices=list(environments.REGISTRY),
@@ -103,13 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     _topology_flags(run)
     _target_flags(run)
     supervision = run.add_argument_group("supervision (supervisord restarts the job; 64 and 78 are never restarted)")
-    supervision.add_argument("--max-restarts", type=int, default=int(os.environ.get("TRAINPOD_MAX_RESTARTS", 3)),
+    supervision.add_argument("--max-restarts", type=int, default=_env_number("TRAINPOD_MAX_RESTARTS", 3, int),
                              help="restarts after a failure, with exponential backoff (default 3; env TRAINPOD_MAX_RESTARTS)")
-    supervision.add_argument("--restart-backoff", type=float, default=float(os.environ.get("TRAINPOD_RESTART_BACKOFF", 1)),
+    supervision.add_argument("--restart-backoff", type=float, default=_env_number("TRAINPOD_RESTART_BACKOFF", 1.0, float),
                              help="seconds before the first restart, doubling each time (default 1; env TRAINPOD_RESTART_BACKOFF)")
     supervision.add_argument("--no-supervise", action="store_true",
                              help="exec torchrun directly: no supervisord, no restarts")
-    run.add_argument("--connect-timeout", type=float, default=float(os.environ.get("TRAINPOD_CONNECT_TIMEOUT", 300)),
+    run.add_argument("--connect-timeout", type=float, default=_env_number("TRAINPOD_CONNECT_TIMEOUT", 300.0, float),
                      help="seconds to wait for the master (DNS and port) before exit 69 (default 300; env TRAINPOD_CONNECT_TIMEOUT)")
 
     commands.add_parser("examples", help="list the bundled examples")
@@ -226,8 +237,8 @@ COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples}
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, command = _split_command(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     try:
+        parser = build_parser()
         args = parser.parse_args(own)
         args.argv = list(sys.argv[1:] if argv is None else argv)
         if args.command is None:

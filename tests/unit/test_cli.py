@@ -83,6 +83,8 @@ def test_usage_errors_exit_64(args):
     {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1"},
     {"PET_NNODES": "two", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "10.0.0.1"},
     {"PAI_CURRENT_TASK_ROLE_NAME": "worker", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0"},
+    {"TRAINPOD_MAX_RESTARTS": "many"},
+    {"TRAINPOD_CONNECT_TIMEOUT": "soon"},
 ])
 def test_configuration_errors_exit_78(env):
     one_line_error(trainpod("explain", env=env), 78)
