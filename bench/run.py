@@ -5,6 +5,8 @@
    to the first completed step. Runs alternate, medians are reported.
 2. Collective bandwidth between the two compose nodes: gloo all_reduce bus bandwidth of large
    tensors vs a raw TCP stream between the same two containers.
+3. Checkpoints (bench/checkpoint.py, on this host): save()+wait() vs writing the same bytes raw,
+   and the training loop's stall per checkpoint vs a synchronous save.
 """
 
 from __future__ import annotations
@@ -74,7 +76,13 @@ def bench_allreduce(port: int) -> dict:
     return tagged(outputs[0], "bench-allreduce: ")
 
 
+def bench_checkpoint() -> dict:
+    output = subprocess.run([sys.executable, str(HERE / "checkpoint.py")], capture_output=True, text=True, check=True).stdout
+    return tagged(output, "bench-checkpoint: ")
+
+
 def main() -> int:
+    checkpoint = bench_checkpoint()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()
@@ -99,6 +107,13 @@ def main() -> int:
     for result in allreduce["results"]:
         busbw = result["busbw_bytes_per_s"]
         print(f"  {result['size_mb']:>7} MiB{busbw / 1e9:>16.2f} GB/s{tcp_rate / 1e9:>9.2f} GB/s{busbw / tcp_rate:>8.3f}")
+
+    c = checkpoint
+    print(f"\ncheckpoints of a {c['state_bytes'] / 2**20:.0f} MiB state on this host (median of 5 interleaved runs)")
+    print(f"  save()+wait() {c['save_s'] * 1e3:.0f} ms vs serialise+write+fsync raw {c['raw_s'] * 1e3:.0f} ms: "
+          f"ratio {c['save_s'] / c['raw_s']:.2f} (goal <= 1.2)")
+    print(f"  stall inside save() {c['stall_s'] * 1e3:.1f} ms vs synchronous torch.save+fsync {c['sync_s'] * 1e3:.0f} ms: "
+          f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)")
     return 0
 
 
