@@ -12,6 +12,7 @@ Started without torchrun (plain `python -m`), it trains as a world of one.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -23,11 +24,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Subset
 
 from trainpod import distributed
+from trainpod.checkpoint import Checkpointer, rng_state, set_rng_state
 from trainpod.examples import reporting
 from trainpod.examples.cifar_data import CifarFormatError, find_batches_dir, load_cifar10, synthetic_cifar10
+from trainpod.samplers import ResumableDistributedSampler
 
 EXAMPLE = "cifar10-ddp"
 SYNTHETIC_TEST_SAMPLES = 1024
@@ -84,6 +87,10 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     option("--workers", "TRAINPOD_WORKERS", "0", "DataLoader worker processes per rank", type=non_negative_int)
     option("--max-steps", "TRAINPOD_MAX_STEPS", None, "stop after this many steps (benchmarks)", type=positive_int)
     option("--log-every", "TRAINPOD_LOG_EVERY", "10", "steps between loss log points", type=positive_int)
+    option("--checkpoint-dir", "TRAINPOD_CHECKPOINT_DIR", None, "save checkpoints here and resume from the newest; "
+           "shared by all nodes (rank 0 writes)")
+    option("--checkpoint-every", "TRAINPOD_CHECKPOINT_EVERY", "10", "steps between checkpoints", type=positive_int)
+    option("--keep", "TRAINPOD_CHECKPOINT_KEEP", "3", "checkpoints kept", type=positive_int)
     args = p.parse_args(argv)
     if args.backend is None:
         args.backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -128,6 +135,31 @@ def load_data(args: argparse.Namespace, say) -> tuple[str, torch.utils.data.Data
     train, test = synthetic_cifar10(args.synthetic_samples, SYNTHETIC_TEST_SAMPLES, args.seed)
     say(f"dataset: synthetic ({len(train)} train, {len(test)} test, seed {args.seed})")
     return "synthetic", train, test
+
+
+def resume(checkpointer, model, optimizer, sampler, rank: int, say) -> tuple[int, list]:
+    """(step, loss curve) of the newest good checkpoint, its state restored; (0, []) without one."""
+    resumed = checkpointer.load_latest() if checkpointer else None
+    if resumed is None:
+        return 0, []
+    step, state = resumed
+    model.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    sampler.load_state_dict(state["sampler"])
+    set_rng_state(state["rng"][rank])
+    say(f"{EXAMPLE}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']})")
+    return step, state["loss_curve"]
+
+
+def save_checkpoint(checkpointer, step: int, model, optimizer, sampler, loss_curve: list, rank: int) -> None:
+    """Every rank's RNG state goes into rank 0's checkpoint: a collective, so every rank calls this."""
+    rngs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(rngs, rng_state())
+    if rank == 0:
+        checkpointer.save(step, {
+            "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+            "sampler": sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve,
+        })  # fmt: skip
 
 
 def init_distributed(backend: str) -> None:
@@ -183,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
-        sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        sampler = ResumableDistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
         # An own generator: the DataLoader draws a seed per epoch, and should not take it from
         # (and so shift) the global stream that the model's initialisation came from.
         loader = DataLoader(
@@ -191,18 +223,20 @@ def main(argv: list[str] | None = None) -> int:
             pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
         )  # fmt: skip
 
-        total_steps = args.epochs * len(loader)
+        total_steps = args.epochs * math.ceil(sampler.num_samples / args.batch_size)
         if args.max_steps:
             total_steps = min(total_steps, args.max_steps)
         progress.total_steps = total_steps
         progress.print(f"{EXAMPLE}: world {world}, backend {args.backend}, {total_steps} steps of {args.batch_size} per rank")
 
+        checkpointer = Checkpointer(args.checkpoint_dir, keep=args.keep) if args.checkpoint_dir else None
+        step, loss_curve = resume(checkpointer, model, optimizer, sampler, rank, progress.print)
+        first_epoch = sampler.state_dict()["epoch"] if step else 1
         throughput = reporting.Throughput(warmup_steps=WARMUP_STEPS)
-        loss_curve: list[list[float]] = []
         window = torch.zeros(2, device=device)  # loss sum and steps since the last log point
-        loss, rate, step, first_step_at = None, 0.0, 0, None
+        loss, rate, first_step_at = None, 0.0, None
         training_started = time.time()
-        for epoch in range(1, args.epochs + 1):
+        for epoch in range(first_epoch, args.epochs + 1):
             sampler.set_epoch(epoch)  # a different, still seeded, shuffle each epoch
             for images, labels in loader:
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -211,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch_loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
                 optimizer.step()
+                sampler.advance(len(labels))  # what this rank trained on (the loader reads ahead)
                 step += 1
                 window[0] += batch_loss.detach()
                 window[1] += 1
@@ -229,12 +264,16 @@ def main(argv: list[str] | None = None) -> int:
                     window.zero_()
                     rate = throughput.window()
                 progress.update(epoch, step, loss, rate, log_point)
+                if checkpointer and step % args.checkpoint_every == 0:
+                    save_checkpoint(checkpointer, step, model, optimizer, sampler, loss_curve, rank)
                 if step == total_steps:
                     break
             if step == total_steps:
                 break
         sync(device)
         train_s = time.time() - training_started
+        if checkpointer:
+            checkpointer.close()  # every save durable before the job reports success
         progress.close()
 
         accuracy = evaluate(model.module, test_set, device, rank, world)
