@@ -34,6 +34,8 @@ def test_two_nodes_train_to_identical_weights(job):
     worker_log = job.logs("node1")
     assert "pai: node 1 of 2, 2 process(es) per node, master 10.151.41.11:29877, gloo over eth0" in worker_log
     assert re.search(r"^\[node0 rank0\] epoch 2/2 ", job.logs("node0"), re.M)
+    listing = job.compose("run", "--rm", "--no-deps", "-T", "node1", "ls", "/workspace/output/checkpoints").stdout.split()
+    assert listing[-2:] == ["ckpt-00000030.json", "ckpt-00000030.pt"], listing  # every 10 steps, on the shared volume
 
 
 def test_a_worker_whose_master_never_comes_up_exits_69(job):
