@@ -236,11 +236,12 @@ COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    own, command = _split_command(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, command = _split_command(argv)
     try:
         parser = build_parser()
         args = parser.parse_args(own)
-        args.argv = list(sys.argv[1:] if argv is None else argv)
+        args.argv = argv  # the supervised job runs `trainpod` again with exactly these
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE

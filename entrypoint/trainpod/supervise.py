@@ -163,7 +163,7 @@ def listen(socket_path: str, outcome: str, policy: Policy, log_prefix: str) -> N
             rpc.supervisor.startProcess(PROGRAM, False)
             continue
         attempts = restarts + 1
-        if code in NEVER_RESTARTED[1:]:
+        if code in (EXIT_USAGE, EXIT_CONFIG):
             log(f"the job exited with {code} (a usage or configuration error): not restarted")
         elif code != EXIT_OK:
             log(f"the job exited with {code} after {attempts} attempt(s) (--max-restarts {policy.max_restarts}): giving up")
