@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from trainpod import __version__, environments
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError
 from trainpod.examples import EXAMPLES
-from trainpod.launch import Target, available_cpus, build_plan
+from trainpod.launch import DEFAULT_TERM_GRACE_S, Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
 from trainpod.resolve import BACKENDS, Options, resolve_topology
-from trainpod.supervise import Policy, run_supervised
+from trainpod.supervise import Policy, restarts_left, run_supervised, stop_wait_s
 from trainpod.topology import Topology
 
 DESCRIPTION = """\
@@ -115,11 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     _target_flags(run)
     supervision = run.add_argument_group("supervision (supervisord restarts the job; 64 and 78 are never restarted)")
     supervision.add_argument("--max-restarts", type=int, default=_env_number("TRAINPOD_MAX_RESTARTS", 3, int),
-                             help="restarts after a failure, with exponential backoff (default 3; env TRAINPOD_MAX_RESTARTS)")
+                             help="restarts after a failure, one budget for both layers: torchrun restarts the worker group "
+                             "at once when a rank fails, supervisord restarts the agent with exponential backoff "
+                             "(default 3; env TRAINPOD_MAX_RESTARTS)")
     supervision.add_argument("--restart-backoff", type=float, default=_env_number("TRAINPOD_RESTART_BACKOFF", 1.0, float),
                              help="seconds before the first restart, doubling each time (default 1; env TRAINPOD_RESTART_BACKOFF)")
+    supervision.add_argument("--term-grace", type=float, default=_env_number("TRAINPOD_TERM_GRACE", DEFAULT_TERM_GRACE_S, float),
+                             help="seconds the ranks get after SIGTERM to finish the step and save a checkpoint before "
+                             "they are killed; give the container this plus 30 s to stop "
+                             f"(default {DEFAULT_TERM_GRACE_S:g}; env TRAINPOD_TERM_GRACE)")
     supervision.add_argument("--no-supervise", action="store_true",
-                             help="exec torchrun directly: no supervisord, no restarts")
+                             help="exec torchrun directly, without supervisord: failed ranks are still restarted by torchrun "
+                             "(up to --max-restarts), a failed agent is not")
     run.add_argument("--connect-timeout", type=float, default=_env_number("TRAINPOD_CONNECT_TIMEOUT", 300.0, float),
                      help="seconds to wait for the master (DNS and port) before exit 69 (default 300; env TRAINPOD_CONNECT_TIMEOUT)")
 
@@ -197,6 +204,10 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
 def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     if args.connect_timeout <= 0:
         raise UsageError(f"--connect-timeout={args.connect_timeout:g}: expected a number of seconds > 0")
+    if args.max_restarts < 0 or args.restart_backoff < 0:
+        raise UsageError(f"--max-restarts={args.max_restarts}, --restart-backoff={args.restart_backoff:g}: expected numbers >= 0")
+    if args.term_grace <= 0:
+        raise UsageError(f"--term-grace={args.term_grace:g}: expected a number of seconds > 0")
     target = _target(args, command, required=True)
     topology = resolve_topology(_options(args), os.environ, resolve_names=False)
     if not (args.no_supervise or os.environ.get(SUPERVISED) == "1"):
@@ -205,7 +216,8 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     for warning in topology.warnings:
         log(f"warning: {warning}")
     topology = run_preflight(topology, os.environ, connect_timeout=args.connect_timeout, log=log)
-    plan = build_plan(topology, target, os.environ, cpus=available_cpus())
+    plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=restarts_left(args.max_restarts),
+                      term_grace=args.term_grace, join_timeout=args.connect_timeout)
     log(
         f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
         f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"
@@ -217,13 +229,12 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
 
 def _run_supervised(args: argparse.Namespace, topology: Topology) -> int:
     """The outer run: the environment checked out (64/78 end here), the job itself under supervisord."""
-    if args.max_restarts < 0 or args.restart_backoff < 0:
-        raise UsageError(f"--max-restarts={args.max_restarts}, --restart-backoff={args.restart_backoff:g}: expected numbers >= 0")
     if importlib.util.find_spec("supervisor") is None:
         raise ConfigError("supervisor is not installed in this Python: pip install supervisor, or run with --no-supervise")
     policy = Policy(max_restarts=args.max_restarts, backoff_s=args.restart_backoff)
     job = [sys.executable, "-m", "trainpod", *args.argv]
-    return run_supervised(job, {**os.environ, SUPERVISED: "1"}, policy, f"[node{topology.node_rank}] trainpod")
+    return run_supervised(job, {**os.environ, SUPERVISED: "1"}, policy, f"[node{topology.node_rank}] trainpod",
+                          stop_wait=stop_wait_s(args.term_grace))
 
 
 def cmd_examples(args: argparse.Namespace, command: list[str]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
@@ -11,6 +12,10 @@ from dataclasses import dataclass, field
 from trainpod.errors import UsageError
 from trainpod.examples import EXAMPLES
 from trainpod.topology import Topology
+
+RDZV_ID = "trainpod"  # the store is this job's own (node 0's agent, master port): no clash to avoid
+DEFAULT_TERM_GRACE_S = 25.0  # fits Kubernetes' default 30 s terminationGracePeriodSeconds
+SHUTDOWN_MARGIN_S = 5
 
 
 @dataclass(frozen=True)
@@ -61,24 +66,48 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def build_plan(
-    topology: Topology, target: Target, env: Mapping[str, str], *, max_restarts: int = 0, cpus: int = 1
+    topology: Topology,
+    target: Target,
+    env: Mapping[str, str],
+    *,
+    cpus: int = 1,
+    max_restarts: int = 0,
+    term_grace: float = DEFAULT_TERM_GRACE_S,
+    join_timeout: float = 300.0,
 ) -> LaunchPlan:
+    """`max_restarts`: worker-group restarts torchrun may do; `term_grace`: seconds the ranks get
+    after SIGTERM to finish the step and checkpoint; `join_timeout`: how long the rendezvous
+    waits for every node (a restarted node included)."""
+    # c10d, not static: after a failure every agent re-joins a new rendezvous round, so a
+    # restarted worker group (or a restarted node) meets the others in a fresh store namespace.
+    # Node 0 hosts the store on the master port; the flag says so, as the hostname heuristic
+    # torch would use fails in containers.
+    rdzv_conf = f"is_host={'true' if topology.is_master else 'false'},join_timeout={math.ceil(join_timeout)}"
     torchrun = [
         "--nnodes", str(topology.nnodes),
-        "--node-rank", str(topology.node_rank),
         "--nproc-per-node", str(topology.nproc_per_node),
-        "--rdzv-backend", "static",
-        "--master-addr", topology.master_addr,
-        "--master-port", str(topology.master_port),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", _endpoint(topology.master_addr, topology.master_port),
+        "--rdzv-id", RDZV_ID,
+        "--rdzv-conf", rdzv_conf,
         "--max-restarts", str(max_restarts),
+        # torchrun SIGKILLs workers this long after its SIGTERM: the grace, and time to exit.
+        "--shutdown-timeout", str(math.ceil(term_grace) + SHUTDOWN_MARGIN_S),
         # tee makes torchrun prefix every worker line with the template below.
         "--tee", "3",
     ]
+    if topology.local_addr:
+        torchrun += ["--local-addr", topology.local_addr]  # published to peers instead of the host name
     added = {
         "TRAINPOD_NODE_RANK": str(topology.node_rank),
         "TRAINPOD_NNODES": str(topology.nnodes),
         "TRAINPOD_BACKEND": topology.backend,
+        "TRAINPOD_TERM_GRACE": f"{term_grace:g}",
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": f"[node{topology.node_rank} rank${{rank}}] ",
         "NO_PROXY": _no_proxy(env, topology.master_addr),
     }

@@ -80,3 +80,18 @@ def interface_for(master_ip: str) -> tuple[str | None, str]:
     if name is None:
         return None, f"no route to the master {master_ip}"
     return name, f"carries the route to the master {master_ip}"
+
+
+def source_address_for(destination: str) -> str | None:
+    """The address this host sends from towards `destination`: what peers can reach it at.
+
+    A connected UDP socket sends nothing; connect() only makes the kernel pick the route and
+    the source address, the same choice it makes for the job's TCP connections.
+    """
+    family = socket.AF_INET6 if ipaddress.ip_address(destination).version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((destination, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None

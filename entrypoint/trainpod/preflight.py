@@ -146,6 +146,10 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
             raise UnreachableError(f"{why}: this host has no route to the master {topology.master_addr}")
         topology = replace(topology, interface=name, interface_reason=why)
     check_interface(topology)
+    if topology.local_addr is None:
+        # torchrun's rendezvous publishes this address to the other nodes; left alone it would
+        # publish the host name, which peers often cannot resolve (or resolve to loopback).
+        topology = replace(topology, local_addr=network.source_address_for(master_ip))
     if topology.nnodes > 1:
         check_hostname(log)
     check_shm(log)

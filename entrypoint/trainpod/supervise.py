@@ -10,11 +10,18 @@ forwards signals to it, and exits with the code from that file.
 
     tini -> trainpod run (run_supervised) -> supervisord -> job: trainpod run (TRAINPOD_SUPERVISED=1)
                                                           -> policy: python -m trainpod.supervise
+
+One budget of --max-restarts covers both layers. A failed rank is restarted inside the agent by
+torchrun (fast: the worker group re-forms without a new agent); the agent writes how many such
+restarts it made into the supervisor's directory, and each job start reads what is left of the
+budget from there. supervisord restarts the agent itself (master unreachable, a crashed agent).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import shlex
 import shutil
 import signal
@@ -31,8 +38,35 @@ from trainpod.errors import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
 PROGRAM = "job"
 NEVER_RESTARTED = (EXIT_OK, EXIT_USAGE, EXIT_CONFIG)  # done, or retrying cannot help
 KILLED_BY_SIGNAL = -1  # supervisord's exit status for a signal; it does not keep which one
-# torchrun needs up to 30 s to stop its workers; supervisord's default wait is 10 s.
-STOP_WAIT_S = 60
+BUDGET_DIR = "TRAINPOD_SUPERVISOR_DIR"  # set for the job: where the restart budget is kept
+RESTARTS_USED = "restarts_used"  # written by the listener: restarts spent so far, both layers
+WORKER_RESTARTS = "worker_restarts"  # written by the agent: restarts torchrun made in that run
+
+
+def stop_wait_s(term_grace_s: float) -> int:
+    """supervisord's wait before SIGKILL: the ranks' grace, torchrun's margin, the agent's exit.
+    Its default of 10 s is shorter than torchrun's own 30 s shutdown."""
+    return max(60, math.ceil(term_grace_s) + 30)
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def restarts_left(max_restarts: int) -> int:
+    """What the job may still restart: all of it, unless a supervisor has spent some already."""
+    directory = os.environ.get(BUDGET_DIR)
+    used = _read_int(Path(directory, RESTARTS_USED)) if directory else 0
+    return max(0, max_restarts - used)
+
+
+def record_worker_restarts(count: int) -> None:
+    directory = os.environ.get(BUDGET_DIR)
+    if directory:
+        Path(directory, WORKER_RESTARTS).write_text(str(count))
 
 
 @dataclass(frozen=True)
@@ -52,7 +86,7 @@ def _quote(argv: Sequence[str]) -> str:
     return shlex.join(argv).replace("%", "%%")  # supervisord expands %(name)s in its values
 
 
-def render_config(job: Sequence[str], listener: Sequence[str], workdir: Path) -> str:
+def render_config(job: Sequence[str], listener: Sequence[str], workdir: Path, stop_wait: int = 60) -> str:
     """supervisord's configuration: the job, the policy listener, everything in workdir."""
     out = "stdout_logfile=/dev/stdout\nstdout_logfile_maxbytes=0\nstderr_logfile=/dev/stderr\nstderr_logfile_maxbytes=0\n"
     return f"""\
@@ -77,7 +111,7 @@ autorestart=false
 startsecs=0
 startretries=0
 stopsignal=TERM
-stopwaitsecs={STOP_WAIT_S}
+stopwaitsecs={stop_wait}
 stopasgroup=true
 killasgroup=true
 {out}
@@ -91,15 +125,15 @@ stderr_logfile_maxbytes=0
 """
 
 
-def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, log_prefix: str) -> int:
+def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, log_prefix: str, stop_wait: int = 60) -> int:
     """Run `job` under supervisord with `policy`; the job's final exit code (128+N after signal N)."""
     workdir = Path(tempfile.mkdtemp(prefix="trainpod-supervisor-"))
     outcome = workdir / "outcome.json"
-    listener = [sys.executable, "-m", "trainpod.supervise", str(workdir / "supervisor.sock"), str(outcome),
-                json.dumps(asdict(policy)), log_prefix]
+    listener = [sys.executable, "-m", "trainpod.supervise", str(workdir), json.dumps(asdict(policy)), log_prefix]
     config = workdir / "supervisord.conf"
-    config.write_text(render_config(job, listener, workdir))
-    supervisord = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(config)], env=env)
+    config.write_text(render_config(job, listener, workdir, stop_wait))
+    supervisord = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(config)],
+                                   env={**env, BUDGET_DIR: str(workdir)})
 
     received: list[int] = []
 
@@ -136,13 +170,14 @@ def _events(stdin, stdout):
         stdout.flush()
 
 
-def listen(socket_path: str, outcome: str, policy: Policy, log_prefix: str) -> None:
+def listen(workdir: Path, policy: Policy, log_prefix: str) -> None:
     import xmlrpc.client
 
     from supervisor.xmlrpc import SupervisorTransport  # only inside the image's supervisord
 
-    rpc = xmlrpc.client.ServerProxy("http://localhost", transport=SupervisorTransport(None, None, f"unix://{socket_path}"))
-    restarts = 0
+    socket_url = f"unix://{workdir / 'supervisor.sock'}"
+    rpc = xmlrpc.client.ServerProxy("http://localhost", transport=SupervisorTransport(None, None, socket_url))
+    restarts = attempts = 0
 
     def log(message: str) -> None:
         print(f"{log_prefix}: {message}", file=sys.stderr, flush=True)
@@ -155,22 +190,26 @@ def listen(socket_path: str, outcome: str, policy: Policy, log_prefix: str) -> N
         code = rpc.supervisor.getProcessInfo(PROGRAM)["exitstatus"]
         if code == KILLED_BY_SIGNAL:
             code = 128 + signal.SIGKILL  # supervisord does not say which signal; the usual one is the OOM killer's
+        worker_restarts = _read_int(workdir / WORKER_RESTARTS)  # torchrun's own, in the run that just ended
+        (workdir / WORKER_RESTARTS).unlink(missing_ok=True)
+        restarts += worker_restarts
+        attempts += worker_restarts + 1
         if policy.restarts(code, restarts):
             restarts += 1
+            (workdir / RESTARTS_USED).write_text(str(restarts))
             delay = policy.delay(restarts)
             log(f"the job exited with {code}: restart {restarts} of {policy.max_restarts} in {delay:g}s")
             time.sleep(delay)
             rpc.supervisor.startProcess(PROGRAM, False)
             continue
-        attempts = restarts + 1
         if code in (EXIT_USAGE, EXIT_CONFIG):
             log(f"the job exited with {code} (a usage or configuration error): not restarted")
         elif code != EXIT_OK:
             log(f"the job exited with {code} after {attempts} attempt(s) (--max-restarts {policy.max_restarts}): giving up")
-        Path(outcome).write_text(json.dumps({"code": code, "attempts": attempts}))
+        (workdir / "outcome.json").write_text(json.dumps({"code": code, "attempts": attempts}))
         rpc.supervisor.shutdown()
 
 
 if __name__ == "__main__":
-    socket_path, outcome_path, policy_json, prefix = sys.argv[1:5]
-    listen(socket_path, outcome_path, Policy(**json.loads(policy_json)), prefix)
+    directory, policy_json, prefix = sys.argv[1:4]
+    listen(Path(directory), Policy(**json.loads(policy_json)), prefix)

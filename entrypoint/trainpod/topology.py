@@ -18,7 +18,8 @@ class Topology:
     backend: str  # "gloo" or "nccl"
     interface: str | None  # for GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME; None: not yet known
     interface_reason: str = ""
-    rendezvous: str = "static"
+    rendezvous: str = "c10d"  # torchrun's rendezvous, hosted by node 0's agent on master_port
+    local_addr: str | None = None  # this node's address towards the master; None: not yet known
     origins: Mapping[str, str] = field(default_factory=dict)  # field -> variable or flag it came from
     warnings: tuple[str, ...] = ()
 
@@ -43,6 +44,7 @@ class Topology:
             "interface": self.interface,
             "interface_reason": self.interface_reason,
             "rendezvous": self.rendezvous,
+            "local_addr": self.local_addr,
             "origins": dict(self.origins),
             "warnings": list(self.warnings),
         }

@@ -5,7 +5,7 @@ from trainpod.launch import Target, build_plan
 from trainpod.topology import Topology
 
 TOPOLOGY = Topology(source="pai", nnodes=2, node_rank=1, nproc_per_node=2, master_addr="10.0.0.2",
-                    master_port=29877, backend="gloo", interface="eth1")
+                    master_port=29877, backend="gloo", interface="eth1", local_addr="10.0.0.3")
 
 
 def test_torchrun_arguments():
@@ -13,10 +13,23 @@ def test_torchrun_arguments():
     argv = plan.argv
     assert argv[1:3] == ["-m", "trainpod.agent"]
     joined = " ".join(argv)
-    for part in ("--nnodes 2", "--node-rank 1", "--nproc-per-node 2", "--master-addr 10.0.0.2", "--master-port 29877",
-                 "--rdzv-backend static", "-m trainpod.examples.cifar10"):
+    for part in ("--nnodes 2", "--nproc-per-node 2", "--rdzv-backend c10d", "--rdzv-endpoint 10.0.0.2:29877",
+                 "--rdzv-conf is_host=false,join_timeout=300", "--local-addr 10.0.0.3", "--max-restarts 0",
+                 "--shutdown-timeout 30", "-m trainpod.examples.cifar10"):
         assert part in joined
     assert plan.env["OMP_NUM_THREADS"] == "2"
+    assert plan.env["TRAINPOD_TERM_GRACE"] == "25"
+
+
+def test_node_zero_hosts_the_rendezvous_and_restart_settings_pass_through():
+    master = Topology(**{**TOPOLOGY.__dict__, "node_rank": 0, "local_addr": None, "master_addr": "fd00::2"})
+    plan = build_plan(master, Target(command=("x",)), {}, max_restarts=2, term_grace=40.5, join_timeout=12)
+    joined = " ".join(plan.argv)
+    for part in ("--rdzv-endpoint [fd00::2]:29877", "--rdzv-conf is_host=true,join_timeout=12", "--max-restarts 2",
+                 "--shutdown-timeout 46"):
+        assert part in joined
+    assert "--local-addr" not in plan.argv  # unknown: torchrun falls back to the host name
+    assert plan.env["TRAINPOD_TERM_GRACE"] == "40.5"
 
 
 def test_user_command_runs_as_given():

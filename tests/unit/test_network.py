@@ -31,3 +31,9 @@ def test_ip_literals():
     assert network.is_ip_literal("10.0.0.1") and network.is_ip_literal("fd00::2")
     assert not network.is_ip_literal("node0")
     assert network.resolve("10.0.0.1") == "10.0.0.1"
+
+
+def test_source_address_is_what_the_kernel_sends_from():
+    assert network.source_address_for("127.0.0.1") == "127.0.0.1"
+    some_local = next(a for addrs in network.interfaces().values() for a in addrs if "." in a)
+    assert network.source_address_for(some_local) == some_local  # the master's own address, on the master

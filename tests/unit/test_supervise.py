@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainpod.supervise import STOP_WAIT_S, Policy, render_config
+from trainpod.supervise import Policy, render_config, stop_wait_s
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_", "TRAINPOD_", "MASTER_"))}
@@ -30,16 +30,21 @@ def test_backoff_doubles_up_to_a_cap():
 
 
 def test_config_handles_supervisord_traps(tmp_path):
-    text = render_config(["python", "-m", "trainpod", "run", "--", "echo", "100%"], ["python", "-m", "trainpod.supervise"], tmp_path)
+    text = render_config(["python", "-m", "trainpod", "run", "--", "echo", "100%"], ["python", "-m", "trainpod.supervise"], tmp_path,
+                         stop_wait_s(25))
     config = configparser.RawConfigParser()
     config.read_string(text)
     job = config["program:job"]
     assert job["autorestart"] == "false"  # supervisord alone would restart a RUNNING program forever
     assert job["stopasgroup"] == job["killasgroup"] == "true"
-    assert int(job["stopwaitsecs"]) == STOP_WAIT_S > 30  # torchrun's own shutdown takes up to 30 s
+    assert int(job["stopwaitsecs"]) == 60 > 30  # torchrun's own shutdown takes up to 30 s
     assert job["command"].endswith("echo 100%%")  # supervisord would expand a bare %
     assert config["eventlistener:policy"]["events"] == "PROCESS_STATE_EXITED"
     assert str(tmp_path) in config["unix_http_server"]["file"]
+
+
+def test_stop_wait_covers_the_grace_and_torchruns_shutdown():
+    assert stop_wait_s(10) == 60 and stop_wait_s(45.5) == 76  # 46 s grace + 5 s torchrun margin + the agent's exit
 
 
 def free_port():
@@ -59,7 +64,9 @@ def test_a_failing_job_is_restarted_then_exits_with_its_code():
     result = supervised("--", "sh", "-c", "echo attempt; exit 3")
     assert result.returncode == 3, result.stderr
     assert result.stdout.count("attempt") == 3
-    assert "restart 1 of 2 in 0.1s" in result.stderr and "restart 2 of 2 in 0.2s" in result.stderr
+    # A failed rank is restarted by torchrun inside the agent (no backoff), counted against the one budget.
+    assert "restarting the worker group (2 restart(s) left)" in result.stderr
+    assert "restarting the worker group (1 restart(s) left)" in result.stderr
     assert "exited with 3 after 3 attempt(s) (--max-restarts 2): giving up" in result.stderr
 
 
