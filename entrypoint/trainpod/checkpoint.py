@@ -109,6 +109,7 @@ from typing import Any, Callable
 
 import torch
 
+from trainpod import failpoints
 from trainpod.atomic import fsync_dir, make_shareable, write_bytes_atomic
 from trainpod.errors import TrainpodError
 
@@ -400,6 +401,7 @@ class Checkpointer:
         self._spare: Any = None
         self._prepared = False
         self._closed = False
+        failpoints.armed()  # a malformed TRAINPOD_FAILPOINTS fails here, not in the writer thread
 
     def __repr__(self) -> str:
         return f"Checkpointer({str(self.directory)!r}, keep={self.keep})"
@@ -569,6 +571,7 @@ class Checkpointer:
                 make_shareable(f.fileno())
                 writer = _HashingWriter(f, pipe)
                 torch.save(job.state, writer)
+                failpoints.hit("checkpoint-write", job.step, directory)
                 f.flush()
                 os.fsync(f.fileno())  # while the sha256 thread catches up
                 size = os.fstat(f.fileno()).st_size

@@ -19,6 +19,7 @@ def test_torchrun_arguments():
         assert part in joined
     assert plan.env["OMP_NUM_THREADS"] == "2"
     assert plan.env["TRAINPOD_TERM_GRACE"] == "25"
+    assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # a fresh store per restart (torch #135712)
 
 
 def test_node_zero_hosts_the_rendezvous_and_restart_settings_pass_through():

@@ -7,6 +7,12 @@ of the same shape, so it runs anywhere without downloads. Rank 0 prints progress
 {output_dir}/metrics.json (loss curve, samples/s, a checksum of the final weights, ...), and prints
 the same JSON as one `trainpod-metrics: ` line. Every option also reads a TRAINPOD_* variable.
 Started without torchrun (plain `python -m`), it trains as a world of one.
+
+SIGTERM (pre-emption, `docker stop`) stops it after the current step: the ranks agree, save a
+checkpoint of that step (with --checkpoint-dir) and exit 143 within TRAINPOD_TERM_GRACE seconds;
+the next run resumes from it. A checkpoint holds the model, the optimizer, the LR schedule, the
+AMP grad scaler, the sampler's position and every rank's RNG state, so a resumed run ends with
+the same weights as one that was never stopped.
 """
 
 from __future__ import annotations
@@ -28,16 +34,24 @@ from torch.utils.data import DataLoader, Subset
 
 from trainpod import distributed
 from trainpod.checkpoint import Checkpointer, rng_state, set_rng_state
+from trainpod.errors import ConfigError
 from trainpod.examples import reporting
 from trainpod.examples.cifar_data import CifarFormatError, find_batches_dir, load_cifar10, synthetic_cifar10
+from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm
 from trainpod.samplers import ResumableDistributedSampler
 
 EXAMPLE = "cifar10-ddp"
 SYNTHETIC_TEST_SAMPLES = 1024
 WARMUP_STEPS = 5  # left out of samples/s: the first steps allocate memory and warm caches
-# SGD at lr 0.05 with momentum 0.9 is brisk for a net this small: without a cap on the gradient
-# norm, a rare large step made the loss jump back up late in training.
+# SGD with momentum 0.9 peaking at lr 0.1 is brisk for a net this small: without a cap on the
+# gradient norm, a rare large step made the loss jump back up late in training.
 MAX_GRAD_NORM = 1.0
+# The LR rises linearly over the first 5% of the steps (large steps from random weights are the
+# least reliable), then follows a cosine down to 0 at the last step. With a peak of 0.1 the mean
+# LR is about 0.05: even a short run (the compose demo's 32 steps) gets its loss well down.
+WARMUP_FRACTION = 0.05
+PER_PARAMETER_BUCKET_MB = 1e-6  # a cap below any parameter's size: a bucket closes after one parameter
+AMP_DTYPE = {"cpu": torch.bfloat16, "cuda": torch.float16}  # what --amp computes in, by device type
 
 
 def positive_int(text: str) -> int:
@@ -52,6 +66,13 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def boolean(text: str) -> bool:
+    name = text.strip().lower()
+    if name not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        raise argparse.ArgumentTypeError(f"expected 1/true/yes/on or 0/false/no/off, got {text!r}")
+    return name in ("1", "true", "yes", "on")
 
 
 def backend_name(text: str) -> str:
@@ -80,7 +101,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
     option("--output-dir", "TRAINPOD_OUTPUT_DIR", "./output", "where rank 0 writes metrics.json")
     option("--epochs", "TRAINPOD_EPOCHS", "2", "epochs", type=positive_int)
     option("--batch-size", "TRAINPOD_BATCH_SIZE", "64", "batch size per rank", type=positive_int)
-    option("--lr", "TRAINPOD_LR", "0.05", "SGD learning rate (momentum 0.9)", type=float)
+    option("--lr", "TRAINPOD_LR", "0.1", "peak SGD learning rate (momentum 0.9; linear warm-up, then cosine decay)", type=float)
     option("--seed", "TRAINPOD_SEED", "0", "seed for weights, data order and synthetic data", type=int)
     option("--backend", "TRAINPOD_BACKEND", None, "gloo (CPU) or nccl (GPU LOCAL_RANK); default nccl where CUDA is", type=backend_name)
     option("--synthetic-samples", "TRAINPOD_SYNTHETIC_SAMPLES", "4096", "synthetic training samples", type=positive_int)
@@ -91,6 +112,13 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
            "shared by all nodes (rank 0 writes)")
     option("--checkpoint-every", "TRAINPOD_CHECKPOINT_EVERY", "10", "steps between checkpoints", type=positive_int)
     option("--keep", "TRAINPOD_CHECKPOINT_KEEP", "3", "checkpoints kept", type=positive_int)
+    amp = env.get("TRAINPOD_AMP", "0")
+    try:
+        amp = boolean(amp)
+    except argparse.ArgumentTypeError as e:
+        p.error(f"TRAINPOD_AMP={amp!r}: {e}")
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=amp,
+                   help="mixed precision: autocast to bfloat16 on CPU, float16 with a grad scaler on CUDA (env TRAINPOD_AMP, default off)")
     args = p.parse_args(argv)
     if args.backend is None:
         args.backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -137,29 +165,45 @@ def load_data(args: argparse.Namespace, say) -> tuple[str, torch.utils.data.Data
     return "synthetic", train, test
 
 
-def resume(checkpointer, model, optimizer, sampler, rank: int, say) -> tuple[int, list]:
-    """(step, loss curve) of the newest good checkpoint, its state restored; (0, []) without one."""
+def lr_schedule(total_steps: int):
+    """LR factor for the step after `done` steps: linear warm-up, then a cosine down to 0 at the end."""
+    warmup = max(1, round(WARMUP_FRACTION * total_steps))
+
+    def factor(done: int) -> float:
+        if done < warmup:
+            return (done + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (done - warmup) / max(1, total_steps - warmup))))
+
+    return factor
+
+
+def resume(checkpointer, stateful: dict, sampler, rank: int, say) -> tuple[int, list]:
+    """(step, loss curve) of the newest good checkpoint, its state restored; (0, []) without one.
+
+    `stateful` names what has a state_dict() besides the sampler: model, optimizer, scheduler, scaler.
+    """
     resumed = checkpointer.load_latest() if checkpointer else None
     if resumed is None:
         return 0, []
     step, state = resumed
-    model.module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    for name, obj in stateful.items():
+        # A disabled GradScaler saves {}, which an enabled one refuses: --amp turned on at resume
+        # (on CUDA) starts the scaler afresh.
+        if name != "scaler" or state[name]:
+            obj.load_state_dict(state[name])
     sampler.load_state_dict(state["sampler"])
     set_rng_state(state["rng"][rank])
     say(f"{EXAMPLE}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']})")
     return step, state["loss_curve"]
 
 
-def save_checkpoint(checkpointer, step: int, model, optimizer, sampler, loss_curve: list, rank: int) -> None:
+def save_checkpoint(checkpointer, step: int, stateful: dict, sampler, loss_curve: list, rank: int) -> None:
     """Every rank's RNG state goes into rank 0's checkpoint: a collective, so every rank calls this."""
     rngs: list = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, rng_state())
     if rank == 0:
-        checkpointer.save(step, {
-            "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-            "sampler": sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve,
-        })  # fmt: skip
+        state = {name: obj.state_dict() for name, obj in stateful.items()}
+        checkpointer.save(step, {**state, "sampler": sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve})
 
 
 def init_distributed(backend: str) -> None:
@@ -193,6 +237,17 @@ def evaluate(model: nn.Module, test_set, device: torch.device, rank: int, world:
 def main(argv: list[str] | None = None) -> int:
     started = reporting.process_start_time()
     args = parse_args(argv)
+    try:
+        # First thing: from here on a SIGTERM stops training after a step instead of killing it.
+        preemption = Preemption()
+    except ConfigError as e:
+        print(f"cifar10: {e}", file=sys.stderr)
+        return e.exit_code
+    with preemption:
+        return train(args, preemption, started)
+
+
+def train(args: argparse.Namespace, preemption: Preemption, started: float) -> int:
     rank = int(os.environ.get("RANK", "0"))
     progress = reporting.Progress(total_steps=0, epochs=args.epochs, enabled=rank == 0)
 
@@ -212,39 +267,59 @@ def main(argv: list[str] | None = None) -> int:
     try:
         world = dist.get_world_size()
         model = make_model().to(device)
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # One bucket per parameter: with more than 2 ranks the sum of a gradient element depends on
+        # where the element sits in its bucket, and DDP lays buckets out differently on the first
+        # step of every process (registration order) than later (the order gradients became
+        # ready). A resumed run would then add in another order than an uninterrupted one, and
+        # its weights would differ in the last bits. Alone in its bucket, a parameter always
+        # sits in the same place.
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                        bucket_cap_mb_list=[PER_PARAMETER_BUCKET_MB])
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
         sampler = ResumableDistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
         # An own generator: the DataLoader draws a seed per epoch, and should not take it from
-        # (and so shift) the global stream that the model's initialisation came from.
+        # (and so shift) the global stream that the model's initialisation came from. The workers
+        # share the rank's process group, so torchrun's SIGTERM reaches them too: they ignore it.
         loader = DataLoader(
             train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
             pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
+            worker_init_fn=ignore_sigterm,
         )  # fmt: skip
 
         total_steps = args.epochs * math.ceil(sampler.num_samples / args.batch_size)
         if args.max_steps:
             total_steps = min(total_steps, args.max_steps)
         progress.total_steps = total_steps
-        progress.print(f"{EXAMPLE}: world {world}, backend {args.backend}, {total_steps} steps of {args.batch_size} per rank")
+        precision = f", amp {str(AMP_DTYPE[device.type]).replace('torch.', '')}" if args.amp else ""
+        progress.print(f"{EXAMPLE}: world {world}, backend {args.backend}{precision}, {total_steps} steps of {args.batch_size} per rank")
 
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
+        # float16 needs loss scaling (its gradients underflow); bfloat16 has float32's range.
+        scaler = torch.amp.GradScaler(device.type, enabled=args.amp and device.type == "cuda")
+        stateful = {"model": model.module, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
         checkpointer = Checkpointer(args.checkpoint_dir, keep=args.keep) if args.checkpoint_dir else None
-        step, loss_curve = resume(checkpointer, model, optimizer, sampler, rank, progress.print)
+        step, loss_curve = resume(checkpointer, stateful, sampler, rank, progress.print)
         first_epoch = sampler.state_dict()["epoch"] if step else 1
         throughput = reporting.Throughput(warmup_steps=WARMUP_STEPS)
         window = torch.zeros(2, device=device)  # loss sum and steps since the last log point
-        loss, rate, first_step_at = None, 0.0, None
+        loss, rate, first_step_at = (loss_curve[-1][1] if loss_curve else None), 0.0, None
         training_started = time.time()
         for epoch in range(first_epoch, args.epochs + 1):
+            if step >= total_steps:  # resumed from the last step's checkpoint
+                break
             sampler.set_epoch(epoch)  # a different, still seeded, shuffle each epoch
             for images, labels in loader:
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
-                batch_loss = loss_fn(model(images), labels)
-                batch_loss.backward()
+                with torch.autocast(device.type, dtype=AMP_DTYPE[device.type], enabled=args.amp):
+                    batch_loss = loss_fn(model(images), labels)
+                scaler.scale(batch_loss).backward()
+                scaler.unscale_(optimizer)  # the clipping must see the true gradients, not scaled ones
                 nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-                optimizer.step()
+                scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+                scaler.update()
+                scheduler.step()
                 sampler.advance(len(labels))  # what this rank trained on (the loader reads ahead)
                 step += 1
                 window[0] += batch_loss.detach()
@@ -264,12 +339,22 @@ def main(argv: list[str] | None = None) -> int:
                     window.zero_()
                     rate = throughput.window()
                 progress.update(epoch, step, loss, rate, log_point)
-                if checkpointer and step % args.checkpoint_every == 0:
-                    save_checkpoint(checkpointer, step, model, optimizer, sampler, loss_curve, rank)
-                if step == total_steps:
+                checkpoint_step = checkpointer is not None and step % args.checkpoint_every == 0
+                if checkpoint_step:
+                    save_checkpoint(checkpointer, step, stateful, sampler, loss_curve, rank)
+                if preemption.should_stop():  # a collective too: after every step, on every rank
+                    if checkpointer:
+                        if not checkpoint_step:
+                            save_checkpoint(checkpointer, step, stateful, sampler, loss_curve, rank)
+                        checkpointer.close()  # durable before any rank exits
+                        saved = f"checkpoint of step {step} saved"
+                    else:
+                        saved = "no --checkpoint-dir: nothing saved"
+                    progress.print(f"{EXAMPLE}: stopped by SIGTERM at step {step}; {saved}")
+                    distributed.shutdown()
+                    return EXIT_CODE
+                if step >= total_steps:
                     break
-            if step == total_steps:
-                break
         sync(device)
         train_s = time.time() - training_started
         if checkpointer:
@@ -287,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dataset": dataset,
                 "backend": args.backend,
                 "device": device.type,
+                "amp": args.amp,
                 "world_size": world,
                 "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
                 "epochs": args.epochs,
@@ -301,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                 "final_loss": loss,
                 "test_accuracy": accuracy,
                 "samples_per_sec": throughput.overall(),
-                "time_to_first_step_s": first_step_at - started,
+                # None when this run trained no step (it resumed from the last step's checkpoint).
+                "time_to_first_step_s": None if first_step_at is None else first_step_at - started,
                 "first_step_unix": first_step_at,  # wall clock, for timing from outside (bench/)
                 "train_s": train_s,
                 "elapsed_s": time.time() - started,

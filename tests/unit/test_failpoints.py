@@ -1,0 +1,55 @@
+"""Failpoints: a real SIGKILL at the named point, once per checkpoint directory."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainpod import failpoints
+from trainpod.checkpoint import Checkpointer
+from trainpod.errors import ConfigError
+
+ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
+SAVE = """
+import sys, torch
+from trainpod.checkpoint import Checkpointer
+with Checkpointer(sys.argv[1]) as ckpt:
+    for step in (1, 2, 3):
+        ckpt.save(step, {"w": torch.full((1000,), float(step))})
+        ckpt.wait()
+print("done")
+"""
+
+
+def save_three(directory: Path, spec: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, failpoints.VARIABLE: spec}
+    return subprocess.run([sys.executable, "-c", SAVE, str(directory)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_checkpoint_write_kills_mid_write_once_and_the_previous_checkpoint_stays(tmp_path):
+    first = save_three(tmp_path, "checkpoint-write@2")
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert "failpoint checkpoint-write@2: SIGKILL" in first.stderr
+    assert any(name.endswith(".tmp") for name in os.listdir(tmp_path))  # killed between bytes and rename
+    step, state = Checkpointer(tmp_path).load_latest()
+    assert step == 1 and state["w"][0].item() == 1.0
+
+    second = save_three(tmp_path, "checkpoint-write@2")  # the restarted job runs past it
+    assert second.returncode == 0 and "done" in second.stdout, second.stderr
+    assert Checkpointer(tmp_path).load_latest()[0] == 3
+    assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize("spec", ["checkpoint-write", "checkpoint-write@x", "nope@3"])
+def test_a_malformed_variable_is_one_line_naming_it(spec, monkeypatch, tmp_path):
+    monkeypatch.setenv(failpoints.VARIABLE, spec)
+    with pytest.raises(ConfigError, match=r"TRAINPOD_FAILPOINTS=.*expected POINT@STEP"):
+        Checkpointer(tmp_path)
+
+
+def test_unset_means_off(monkeypatch):
+    monkeypatch.delenv(failpoints.VARIABLE, raising=False)
+    assert failpoints.armed() == {}
