@@ -7,6 +7,8 @@
    tensors vs a raw TCP stream between the same two containers.
 3. Checkpoints (bench/checkpoint.py, on this host): save()+wait() vs writing the same bytes raw,
    and the training loop's stall per checkpoint vs a synchronous save.
+4. Recovery (bench/recovery.py, on this host): from SIGKILL of one rank to the next completed step,
+   `trainpod run` vs bare `torchrun --max-restarts 3` on the same job; alternating runs, medians.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from recovery import report as recovery_report  # bench/ is on the path: python3 bench/run.py
 
 HERE = Path(__file__).resolve().parent
 COMPOSE = ["docker", "compose", "-f", str(HERE / "compose.yaml")]
@@ -81,8 +85,16 @@ def bench_checkpoint() -> dict:
     return tagged(output, "bench-checkpoint: ")
 
 
+def bench_recovery() -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "recovery.py")], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench: recovery failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    return tagged(done.stdout, "bench-recovery: ")
+
+
 def main() -> int:
     checkpoint = bench_checkpoint()
+    recovery = bench_recovery()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()
@@ -114,6 +126,8 @@ def main() -> int:
           f"ratio {c['save_s'] / c['raw_s']:.2f} (goal <= 1.2)")
     print(f"  stall inside save() {c['stall_s'] * 1e3:.1f} ms vs synchronous torch.save+fsync {c['sync_s'] * 1e3:.0f} ms: "
           f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)")
+
+    print("\n" + recovery_report(recovery))
     return 0
 
 

@@ -37,7 +37,7 @@ from trainpod.checkpoint import Checkpointer, rng_state, set_rng_state
 from trainpod.errors import ConfigError
 from trainpod.examples import reporting
 from trainpod.examples.cifar_data import CifarFormatError, find_batches_dir, load_cifar10, synthetic_cifar10
-from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm
+from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
 from trainpod.samplers import ResumableDistributedSampler
 
 EXAMPLE = "cifar10-ddp"
@@ -238,16 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     started = reporting.process_start_time()
     args = parse_args(argv)
     try:
-        # First thing: from here on a SIGTERM stops training after a step instead of killing it.
-        preemption = Preemption()
+        grace = term_grace()  # checked first: a bad value is a configuration error, not a crash later
     except ConfigError as e:
         print(f"cifar10: {e}", file=sys.stderr)
         return e.exit_code
-    with preemption:
-        return train(args, preemption, started)
+    return train(args, grace, started)
 
 
-def train(args: argparse.Namespace, preemption: Preemption, started: float) -> int:
+def train(args: argparse.Namespace, grace: float, started: float) -> int:
     rank = int(os.environ.get("RANK", "0"))
     progress = reporting.Progress(total_steps=0, epochs=args.epochs, enabled=rank == 0)
 
@@ -264,6 +262,7 @@ def train(args: argparse.Namespace, preemption: Preemption, started: float) -> i
         return 1
 
     init_distributed(args.backend)
+    preemption = None
     try:
         world = dist.get_world_size()
         model = make_model().to(device)
@@ -304,6 +303,10 @@ def train(args: argparse.Namespace, preemption: Preemption, started: float) -> i
         throughput = reporting.Throughput(warmup_steps=WARMUP_STEPS)
         window = torch.zeros(2, device=device)  # loss sum and steps since the last log point
         loss, rate, first_step_at = (loss_curve[-1][1] if loss_curve else None), 0.0, None
+        # From here on a SIGTERM stops training after a step. Not before: until the loop runs there
+        # is nothing to save, and a rank blocked in init_process_group (a restart whose peers are
+        # gone) would hold a deferred SIGTERM until torchrun's SIGKILL, --term-grace later.
+        preemption = Preemption(grace)
         training_started = time.time()
         for epoch in range(first_epoch, args.epochs + 1):
             if step >= total_steps:  # resumed from the last step's checkpoint
@@ -401,6 +404,8 @@ def train(args: argparse.Namespace, preemption: Preemption, started: float) -> i
             progress.print(reporting.metrics_line(metrics))
         distributed.shutdown()  # barrier, then a teardown that cannot deadlock in gloo
     finally:
+        if preemption is not None:
+            preemption.close()
         distributed.shutdown(barrier=False)  # after an error; a no-op after the clean shutdown
     return 0
 
