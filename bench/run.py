@@ -77,7 +77,8 @@ def bench_allreduce(port: int) -> dict:
     nodes = [exec_in(f"node{rank}", f"trainpod run --nnodes 2 --node-rank {rank} --master-addr node0 --master-port {port} "
                                     "-- python3 /bench/allreduce.py") for rank in (0, 1)]
     outputs = [finish(node, f"all_reduce node{rank}") for rank, node in enumerate(nodes)]
-    return tagged(outputs[0], "bench-allreduce: ")
+    # Global rank 0 is wherever the rendezvous put it (the lower address), not necessarily node0.
+    return tagged("\n".join(outputs), "bench-allreduce: ")
 
 
 def bench_checkpoint() -> dict:
