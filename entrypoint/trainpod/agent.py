@@ -56,19 +56,19 @@ def _prefix_logs(prefix: str) -> None:
             handler.setFormatter(_PrefixedFormatter(handler.formatter, prefix))
 
 
+def _log(node: str, message: str) -> None:
+    print(f"[node{node}] trainpod: {message}", file=sys.stderr, flush=True)
+
+
 def _report(failures, node: str) -> None:
     for rank, failure in sorted(failures.items()):
-        print(f"[node{node}] trainpod: rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}",
-              file=sys.stderr, flush=True)
+        _log(node, f"rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}")
 
 
 def _install_agent_class(node: str) -> None:
     """Make torchrun's launcher build our agent: torch offers no hook for either change below."""
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    def log(message: str) -> None:
-        print(f"[node{node}] trainpod: {message}", file=sys.stderr, flush=True)
 
     class Agent(LocalElasticAgent):
         def _monitor_workers(self, worker_group):
@@ -80,7 +80,7 @@ def _install_agent_class(node: str) -> None:
                 self._remaining_restarts = 0  # a usage or configuration error: a restart cannot help
             if self._remaining_restarts > 0:  # torchrun restarts the group next, without a word of why
                 _report(result.failures, node)
-                log(f"restarting the worker group ({self._remaining_restarts} restart(s) left)")
+                _log(node, f"restarting the worker group ({self._remaining_restarts} restart(s) left)")
             return result
 
         def run(self, *args, **kwargs):
@@ -111,14 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         return _exit_code(error.get_first_failure()[1].exitcode)
     except SignalException as error:
         # torchrun has already stopped the workers; a stop request is no crash, so no traceback.
-        print(f"[node{node}] trainpod: received {signal.Signals(error.sigval).name}: the workers were stopped",
-              file=sys.stderr, flush=True)
+        _log(node, f"received {signal.Signals(error.sigval).name}: the workers were stopped")
         return 128 + error.sigval
     except RendezvousError as error:
         # The other nodes did not come (or the store went away): as transient as an unreachable master.
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"[node{node}] trainpod: error: rendezvous at {args.rdzv_endpoint} failed: {type(error).__name__}: {first_line}",
-              file=sys.stderr, flush=True)
+        _log(node, f"error: rendezvous at {args.rdzv_endpoint} failed: {type(error).__name__}: {first_line}")
         return EXIT_UNAVAILABLE
     return 0
 

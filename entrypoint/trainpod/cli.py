@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from trainpod import __version__, environments
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError
 from trainpod.examples import EXAMPLES
-from trainpod.launch import DEFAULT_TERM_GRACE_S, Target, available_cpus, build_plan
+from trainpod.launch import Target, available_cpus, build_plan
+from trainpod.preemption import DEFAULT_GRACE_S, GRACE_VAR
 from trainpod.preflight import run_preflight
 from trainpod.resolve import BACKENDS, Options, resolve_topology
 from trainpod.supervise import Policy, restarts_left, run_supervised, stop_wait_s
@@ -120,10 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default 3; env TRAINPOD_MAX_RESTARTS)")
     supervision.add_argument("--restart-backoff", type=float, default=_env_number("TRAINPOD_RESTART_BACKOFF", 1.0, float),
                              help="seconds before the first restart, doubling each time (default 1; env TRAINPOD_RESTART_BACKOFF)")
-    supervision.add_argument("--term-grace", type=float, default=_env_number("TRAINPOD_TERM_GRACE", DEFAULT_TERM_GRACE_S, float),
+    supervision.add_argument("--term-grace", type=float, default=_env_number(GRACE_VAR, DEFAULT_GRACE_S, float),
                              help="seconds the ranks get after SIGTERM to finish the step and save a checkpoint before "
                              "they are killed; give the container this plus 30 s to stop "
-                             f"(default {DEFAULT_TERM_GRACE_S:g}; env TRAINPOD_TERM_GRACE)")
+                             f"(default {DEFAULT_GRACE_S:g}; env {GRACE_VAR})")
     supervision.add_argument("--no-supervise", action="store_true",
                              help="exec torchrun directly, without supervisord: failed ranks are still restarted by torchrun "
                              "(up to --max-restarts), a failed agent is not")

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from trainpod.errors import UsageError
 from trainpod.examples import EXAMPLES
+from trainpod.preemption import DEFAULT_GRACE_S, GRACE_VAR
 from trainpod.topology import Topology
 
 RDZV_ID = "trainpod"  # the store is this job's own (node 0's agent, master port): no clash to avoid
-DEFAULT_TERM_GRACE_S = 25.0  # fits Kubernetes' default 30 s terminationGracePeriodSeconds
 SHUTDOWN_MARGIN_S = 5
 
 
@@ -77,7 +77,7 @@ def build_plan(
     *,
     cpus: int = 1,
     max_restarts: int = 0,
-    term_grace: float = DEFAULT_TERM_GRACE_S,
+    term_grace: float = DEFAULT_GRACE_S,
     join_timeout: float = 300.0,
 ) -> LaunchPlan:
     """`max_restarts`: worker-group restarts torchrun may do; `term_grace`: seconds the ranks get
@@ -107,7 +107,7 @@ def build_plan(
         "TRAINPOD_NODE_RANK": str(topology.node_rank),
         "TRAINPOD_NNODES": str(topology.nnodes),
         "TRAINPOD_BACKEND": topology.backend,
-        "TRAINPOD_TERM_GRACE": f"{term_grace:g}",
+        GRACE_VAR: f"{term_grace:g}",  # read by trainpod.preemption in the ranks
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": f"[node{topology.node_rank} rank${{rank}}] ",
         "NO_PROXY": _no_proxy(env, topology.master_addr),
     }

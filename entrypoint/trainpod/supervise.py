@@ -41,6 +41,7 @@ KILLED_BY_SIGNAL = -1  # supervisord's exit status for a signal; it does not kee
 BUDGET_DIR = "TRAINPOD_SUPERVISOR_DIR"  # set for the job: where the restart budget is kept
 RESTARTS_USED = "restarts_used"  # written by the listener: restarts spent so far, both layers
 WORKER_RESTARTS = "worker_restarts"  # written by the agent: restarts torchrun made in that run
+OUTCOME = "outcome.json"  # written by the listener at the end: the code run_supervised exits with
 
 
 def stop_wait_s(term_grace_s: float) -> int:
@@ -128,7 +129,7 @@ stderr_logfile_maxbytes=0
 def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, log_prefix: str, stop_wait: int = 60) -> int:
     """Run `job` under supervisord with `policy`; the job's final exit code (128+N after signal N)."""
     workdir = Path(tempfile.mkdtemp(prefix="trainpod-supervisor-"))
-    outcome = workdir / "outcome.json"
+    outcome = workdir / OUTCOME
     listener = [sys.executable, "-m", "trainpod.supervise", str(workdir), json.dumps(asdict(policy)), log_prefix]
     config = workdir / "supervisord.conf"
     config.write_text(render_config(job, listener, workdir, stop_wait))
@@ -206,7 +207,7 @@ def listen(workdir: Path, policy: Policy, log_prefix: str) -> None:
             log(f"the job exited with {code} (a usage or configuration error): not restarted")
         elif code != EXIT_OK:
             log(f"the job exited with {code} after {attempts} attempt(s) (--max-restarts {policy.max_restarts}): giving up")
-        (workdir / "outcome.json").write_text(json.dumps({"code": code, "attempts": attempts}))
+        (workdir / OUTCOME).write_text(json.dumps({"code": code, "attempts": attempts}))
         rpc.supervisor.shutdown()
 
 
