@@ -7,17 +7,49 @@ from a pre-emption. torchrun restarts a failed worker group up to --max-restarts
 the code; here a rank that exits 64 or 78 (a usage or configuration error) ends the job at once,
 and the restarts torchrun made are written for the supervisor, which counts them against the
 same budget.
+
+torch offers no hook for these changes, so the agent relies on some of torch's private API:
+`torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
+`_monitor_workers()`, `_remaining_restarts` and `_worker_group`. Checked with torch 2.13.0
+(CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
+(tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 
+from trainpod import log
 from trainpod.errors import EXIT_UNAVAILABLE
 from trainpod.supervise import NEVER_RESTARTED, record_worker_restarts
+
+CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
+
+
+def torch_internals_missing() -> list[str]:
+    """What of torch's private API the agent uses is missing from the installed torch ([] if nothing)."""
+    import torch.distributed.launcher.api as launcher
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    missing = []
+    if getattr(launcher, "LocalElasticAgent", None) is not LocalElasticAgent:
+        missing.append("torch.distributed.launcher.api.LocalElasticAgent (the class the launcher builds)")
+    if not callable(getattr(LocalElasticAgent, "_monitor_workers", None)):
+        missing.append("LocalElasticAgent._monitor_workers()")
+    try:
+        spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=None, entrypoint="true", max_restarts=2)
+        agent = LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs())
+    except Exception as exc:  # a changed constructor: nothing below can be checked
+        return [*missing, f"LocalElasticAgent(spec, logs_specs=...) ({type(exc).__name__}: {exc})"]
+    if getattr(agent, "_remaining_restarts", None) != 2:
+        missing.append("LocalElasticAgent._remaining_restarts (the restarts left)")
+    if getattr(getattr(getattr(agent, "_worker_group", None), "spec", None), "max_restarts", None) != 2:
+        missing.append("LocalElasticAgent._worker_group.spec.max_restarts")
+    return missing
 
 
 def _exit_code(exitcode: int) -> int:
@@ -56,16 +88,12 @@ def _prefix_logs(prefix: str) -> None:
             handler.setFormatter(_PrefixedFormatter(handler.formatter, prefix))
 
 
-def _log(node: str, message: str) -> None:
-    print(f"[node{node}] trainpod: {message}", file=sys.stderr, flush=True)
-
-
-def _report(failures, node: str) -> None:
+def _report(failures, say: log.Log) -> None:
     for rank, failure in sorted(failures.items()):
-        _log(node, f"rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}")
+        say(f"rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}")
 
 
-def _install_agent_class(node: str) -> None:
+def _install_agent_class(say: log.Log) -> None:
     """Make torchrun's launcher build our agent: torch offers no hook for either change below."""
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -79,8 +107,8 @@ def _install_agent_class(node: str) -> None:
             if any(code in NEVER_RESTARTED for code in codes):
                 self._remaining_restarts = 0  # a usage or configuration error: a restart cannot help
             if self._remaining_restarts > 0:  # torchrun restarts the group next, without a word of why
-                _report(result.failures, node)
-                _log(node, f"restarting the worker group ({self._remaining_restarts} restart(s) left)")
+                _report(result.failures, say)
+                say(f"restarting the worker group ({self._remaining_restarts} restart(s) left)")
             return result
 
         def run(self, *args, **kwargs):
@@ -93,30 +121,31 @@ def _install_agent_class(node: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    node = os.environ.get("TRAINPOD_NODE_RANK", "?")
+    node = log.node_from_env() or "?"
+    say = log.writer(node)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
-    _prefix_logs(f"[node{node}] ")
-    _install_agent_class(node)
+    _prefix_logs(log.tag(node) + " ")
+    _install_agent_class(say)
 
     args = get_args_parser().parse_args(argv)
     try:
         run(args)
     except ChildFailedError as error:
-        _report(error.failures, node)
+        _report(error.failures, say)
         return _exit_code(error.get_first_failure()[1].exitcode)
     except SignalException as error:
         # torchrun has already stopped the workers; a stop request is no crash, so no traceback.
-        _log(node, f"received {signal.Signals(error.sigval).name}: the workers were stopped")
+        say(f"received {signal.Signals(error.sigval).name}: the workers were stopped")
         return 128 + error.sigval
     except RendezvousError as error:
         # The other nodes did not come (or the store went away): as transient as an unreachable master.
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        _log(node, f"error: rendezvous at {args.rdzv_endpoint} failed: {type(error).__name__}: {first_line}")
+        say(f"error: rendezvous at {args.rdzv_endpoint} failed: {type(error).__name__}: {first_line}")
         return EXIT_UNAVAILABLE
     return 0
 

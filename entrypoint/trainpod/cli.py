@@ -1,4 +1,11 @@
-"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`."""
+"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`.
+
+Flags come from the settings table (trainpod.settings, plus each cluster source's own settings
+in environments/): every flag has its variable twin, and a bad value is one line naming the flag
+(64) or the variable (78). `run` resolves everything here, then hands the job to supervisord as
+a JobSpec (trainpod.job runs it: preflight, then torchrun's agent); `explain` stops before
+running and prints what `run` would do.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +14,15 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from trainpod import __version__, environments
+from trainpod import __version__, environments, job, log, settings
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
-from trainpod.preemption import DEFAULT_GRACE_S, GRACE_VAR
-from trainpod.preflight import run_preflight
-from trainpod.resolve import BACKENDS, Options, resolve_topology
-from trainpod.supervise import Policy, restarts_left, run_supervised, stop_wait_s
+from trainpod.resolve import Options, resolve_topology
+from trainpod.settings import ArgumentParser, Choice, Setting, Switch
+from trainpod.supervise import Policy, run_supervised, stop_wait_s
 from trainpod.topology import Topology
 
 DESCRIPTION = """\
@@ -31,64 +37,36 @@ and NCCL, checks the setup before it can hang, and runs torchrun. Flags override
 EXIT_CODES = f"""\
 exit codes:
   0    success
-  {EXIT_USAGE}   usage error: bad or conflicting flags
+  {EXIT_USAGE}   usage error: a bad or conflicting flag (one line names it)
   {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout
-  {EXIT_CONFIG}   configuration error: the cluster's variables are wrong or incomplete
+  {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete (one line names it)
   other  the training's own exit code (128+N: its rank was killed by signal N)
 """
 
-
-SUPERVISED = "TRAINPOD_SUPERVISED"  # set for the job that supervisord runs: it runs, it does not supervise
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 64, not a usage dump and 2."""
-
-    def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}")
+EXAMPLE = Setting("example", f"a bundled example: {', '.join(EXAMPLES)}; flags after -- go to the example "
+                  "(trainpod run --example NAME -- --help lists them)", Choice(tuple(EXAMPLES)), var="TRAINPOD_EXAMPLE",
+                  metavar="NAME")
+JSON = Setting("json", "print JSON instead of a table", Switch(), default=False)
+RESOLVE = Setting("resolve", "also resolve the master's DNS name to pick the interface", Switch(), default=False)
+# Shape the command `run` would exec, so `explain` takes them too and shows that command exactly.
+RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION)
 
 
-def _env_number(var: str, default, kind):
-    """A flag's default from a variable; a malformed one is a configuration error that names it."""
-    text = os.environ.get(var, "").strip()
-    if not text:
-        return default
-    try:
-        return kind(text)
-    except ValueError:
-        raise ConfigError(f"{var}={text!r}: expected a number") from None
-
-
-def _topology_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("topology (each overrides what the environment says)")
-    group.add_argument("--source", choices=list(environments.REGISTRY),
-                       help="cluster environment to read (default: detect; env TRAINPOD_SOURCE)")
-    group.add_argument("--nnodes", type=int, help="number of nodes")
-    group.add_argument("--node-rank", type=int, help="this node's rank, 0 = master")
-    group.add_argument("--nproc-per-node", type=int,
-                       help="processes per node (default: TRAINPOD_NPROC_PER_NODE, PET_NPROC_PER_NODE, visible GPUs, else 1)")
-    group.add_argument("--master-addr", help="the master's address")
-    group.add_argument("--master-port", type=int, help="the master's port")
-    group.add_argument("--backend", choices=BACKENDS,
-                       help="collective backend (default: nccl with GPUs, else gloo; env TRAINPOD_BACKEND)")
-    group.add_argument("--interface",
-                       help="network interface for gloo/NCCL (default: GLOO_SOCKET_IFNAME, else the one that reaches the master)")
-    pai = parser.add_argument_group("OpenPAI")
-    pai.add_argument("--pai-roles", help="ordered, comma-separated trainer task roles; the first one's instance 0 "
-                     "is the master (env TRAINPOD_PAI_ROLES; default: the current role)")
-    pai.add_argument("--pai-port-label",
-                     help="port label of the master port (env TRAINPOD_PAI_PORT_LABEL; default: the one label besides ssh/http)")
-
-
-def _target_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--example", choices=list(EXAMPLES), metavar="NAME",
-                        help=f"a bundled example: {', '.join(EXAMPLES)}; flags after -- go to the example")
+def _job_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags `explain` and `run` share: topology, each source's own, the target, the run's settings."""
+    settings.add_arguments(parser, (environments.SOURCE, *settings.TOPOLOGY), "topology (each overrides what the environment says)")
+    for cls in environments.REGISTRY.values():
+        if cls.settings:
+            settings.add_arguments(parser, cls.settings, f"source {cls.name}: {cls.description}")
+    settings.add_arguments(parser, (EXAMPLE,), "what to run (or -- CMD ...)")
+    settings.add_arguments(parser, RUN, "running (supervisord restarts the job; 64 and 78 are never restarted)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="trainpod", description=DESCRIPTION, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = ArgumentParser(prog="trainpod", description=DESCRIPTION, epilog=EXIT_CODES, formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"trainpod {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
 
     explain = commands.add_parser(
         "explain",
@@ -96,40 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print what `trainpod run` would do on this node, and where each value came from. "
         "No network I/O: a master given as a DNS name is looked up in /etc/hosts only, unless --resolve.",
         epilog="usage with a command: trainpod explain [flags] [--example NAME | -- CMD ...]\n\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=formatter,
     )
-    explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    explain.add_argument("--resolve", action="store_true", help="also resolve the master's DNS name to pick the interface")
-    _topology_flags(explain)
-    _target_flags(explain)
+    settings.add_arguments(explain, (JSON, RESOLVE))
+    _job_flags(explain)
 
-    run = commands.add_parser(
+    run_parser = commands.add_parser(
         "run",
         help="check the setup, then run an example or your command on every local rank via torchrun",
         description="Resolve the topology, then, under supervisord (restarted after failures, never after 64 or 78), "
         "run the preflight checks and torchrun. Every output line is prefixed with [nodeN rankR].",
         epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n"
         "an example with its own flags: trainpod run --example cifar10-ddp -- --epochs 5\n\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=formatter,
     )
-    _topology_flags(run)
-    _target_flags(run)
-    supervision = run.add_argument_group("supervision (supervisord restarts the job; 64 and 78 are never restarted)")
-    supervision.add_argument("--max-restarts", type=int, default=_env_number("TRAINPOD_MAX_RESTARTS", 3, int),
-                             help="restarts after a failure, one budget for both layers: torchrun restarts the worker group "
-                             "at once when a rank fails, supervisord restarts the agent with exponential backoff "
-                             "(default 3; env TRAINPOD_MAX_RESTARTS)")
-    supervision.add_argument("--restart-backoff", type=float, default=_env_number("TRAINPOD_RESTART_BACKOFF", 1.0, float),
-                             help="seconds before the first restart, doubling each time (default 1; env TRAINPOD_RESTART_BACKOFF)")
-    supervision.add_argument("--term-grace", type=float, default=_env_number(GRACE_VAR, DEFAULT_GRACE_S, float),
-                             help="seconds the ranks get after SIGTERM to finish the step and save a checkpoint before "
-                             "they are killed; give the container this plus 30 s to stop "
-                             f"(default {DEFAULT_GRACE_S:g}; env {GRACE_VAR})")
-    supervision.add_argument("--no-supervise", action="store_true",
-                             help="exec torchrun directly, without supervisord: failed ranks are still restarted by torchrun "
-                             "(up to --max-restarts), a failed agent is not")
-    run.add_argument("--connect-timeout", type=float, default=_env_number("TRAINPOD_CONNECT_TIMEOUT", 300.0, float),
-                     help="seconds to wait for the master (DNS and port) before exit 69 (default 300; env TRAINPOD_CONNECT_TIMEOUT)")
+    _job_flags(run_parser)
 
     commands.add_parser("examples", help="list the bundled examples")
     return parser
@@ -143,27 +102,23 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _options(args: argparse.Namespace) -> Options:
-    return Options(**{name: getattr(args, name) for name in Options.__dataclass_fields__})
-
-
-def _target(args: argparse.Namespace, command: list[str], required: bool) -> Target | None:
-    if args.example:
-        return Target.for_example(args.example, command)  # after --: the example's own flags
+def _target(name: str | None, command: list[str], subcommand: str, required: bool) -> Target | None:
+    if name:
+        return Target.for_example(name, command)  # after --: the example's own flags
     if command:
         return Target(command=tuple(command))
     if required:
-        raise UsageError(f"trainpod {args.command}: nothing to run: give --example NAME or -- CMD ...")
+        raise UsageError(f"trainpod {subcommand}: nothing to run: give --example NAME or -- CMD ...")
     return None
 
 
-def _log(topology: Topology | None = None):
-    prefix = f"[node{topology.node_rank}] trainpod" if topology else "trainpod"
-
-    def log(message: str) -> None:
-        print(f"{prefix}: {message}", file=sys.stderr, flush=True)
-
-    return log
+def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *, required: bool, resolve_names: bool):
+    """(topology, run settings, target): everything `run` needs and `explain` shows, from flags and env."""
+    flags = vars(args)
+    values = settings.resolve((EXAMPLE, *RUN), flags, env)
+    topology = resolve_topology(Options(**flags), env, resolve_names=resolve_names)
+    target = _target(values.example, command, args.command, required)
+    return topology, values, target
 
 
 def _explain_table(topology: Topology, command: str | None) -> str:
@@ -188,10 +143,13 @@ def _explain_table(topology: Topology, command: str | None) -> str:
 
 
 def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
-    topology = resolve_topology(_options(args), os.environ, resolve_names=args.resolve)
-    target = _target(args, command, required=False)
-    plan = build_plan(topology, target, os.environ, cpus=available_cpus()) if target else None
-    if args.json:
+    explain = settings.resolve((JSON, RESOLVE), vars(args), os.environ)
+    topology, values, target = _job(args, command, os.environ, required=False, resolve_names=explain.resolve)
+    plan = None
+    if target:
+        plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=values.max_restarts,
+                          term_grace=values.term_grace, join_timeout=values.connect_timeout)
+    if explain.json:
         data = topology.to_dict()
         if plan:
             data["command"] = plan.argv
@@ -203,39 +161,19 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
-    if args.connect_timeout <= 0:
-        raise UsageError(f"--connect-timeout={args.connect_timeout:g}: expected a number of seconds > 0")
-    if args.max_restarts < 0 or args.restart_backoff < 0:
-        raise UsageError(f"--max-restarts={args.max_restarts}, --restart-backoff={args.restart_backoff:g}: expected numbers >= 0")
-    if args.term_grace <= 0:
-        raise UsageError(f"--term-grace={args.term_grace:g}: expected a number of seconds > 0")
-    target = _target(args, command, required=True)
-    topology = resolve_topology(_options(args), os.environ, resolve_names=False)
-    if not (args.no_supervise or os.environ.get(SUPERVISED) == "1"):
-        return _run_supervised(args, topology)
-    log = _log(topology)
-    for warning in topology.warnings:
-        log(f"warning: {warning}")
-    topology = run_preflight(topology, os.environ, connect_timeout=args.connect_timeout, log=log)
-    plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=restarts_left(args.max_restarts),
-                      term_grace=args.term_grace, join_timeout=args.connect_timeout)
-    log(
-        f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
-        f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"
-    )
-    sys.stdout.flush()
-    os.execvpe(plan.argv[0], plan.argv, {**os.environ, **plan.env})
-    return 0  # not reached
-
-
-def _run_supervised(args: argparse.Namespace, topology: Topology) -> int:
-    """The outer run: the environment checked out (64/78 end here), the job itself under supervisord."""
+    topology, values, target = _job(args, command, os.environ, required=True, resolve_names=False)
+    spec = job.JobSpec(topology=topology, target=target, connect_timeout=values.connect_timeout,
+                   term_grace=values.term_grace, max_restarts=values.max_restarts)
+    if values.no_supervise:
+        job.run(spec)  # does not return: this process becomes torchrun's agent
     if importlib.util.find_spec("supervisor") is None:
         raise ConfigError("supervisor is not installed in this Python: pip install supervisor, or run with --no-supervise")
-    policy = Policy(max_restarts=args.max_restarts, backoff_s=args.restart_backoff)
-    job = [sys.executable, "-m", "trainpod", *args.argv]
-    return run_supervised(job, {**os.environ, SUPERVISED: "1"}, policy, f"[node{topology.node_rank}] trainpod",
-                          stop_wait=stop_wait_s(args.term_grace))
+    # The outer run: what could be checked without the network was (64/78 end above, never
+    # supervised); the job itself runs, and is restarted, under supervisord.
+    policy = Policy(max_restarts=values.max_restarts, backoff_s=values.restart_backoff)
+    argv = [sys.executable, "-m", "trainpod.job"]
+    return run_supervised(argv, {**os.environ, job.SPEC_VAR: spec.to_json()}, policy, topology.node_rank,
+                          stop_wait=stop_wait_s(values.term_grace))
 
 
 def cmd_examples(args: argparse.Namespace, command: list[str]) -> int:
@@ -253,7 +191,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(own)
-        args.argv = argv  # the supervised job runs `trainpod` again with exactly these
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
@@ -261,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"trainpod {args.command}: takes no command after --")
         return COMMANDS[args.command](args, command)
     except TrainpodError as error:
-        print(f"trainpod: error: {error}", file=sys.stderr)
+        print(f"{log.prefix()}: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         return 130

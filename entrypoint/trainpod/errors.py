@@ -36,3 +36,14 @@ class ConfigError(TrainpodError):
 
 class UnreachableError(TrainpodError):
     exit_code = EXIT_UNAVAILABLE
+
+
+def error_for(origin: str) -> type[TrainpodError]:
+    """The error type for a bad value: a flag's is a usage error (fix the command), anything else's
+    (a variable, a file) a configuration error (fix the job)."""
+    return UsageError if origin.startswith("--") else ConfigError
+
+
+def invalid(origin: str, value: object, expected: str) -> TrainpodError:
+    """The one-line error for `origin`=`value`: "--nnodes='x': expected an integer from 1 to 65536"."""
+    return error_for(origin)(f"{origin}={value!r}: expected {expected}")

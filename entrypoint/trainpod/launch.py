@@ -9,9 +9,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from trainpod import log
 from trainpod.errors import UsageError
 from trainpod.examples import EXAMPLES
-from trainpod.preemption import DEFAULT_GRACE_S, GRACE_VAR
+from trainpod.settings import TERM_GRACE
 from trainpod.topology import Topology
 
 RDZV_ID = "trainpod"  # the store is this job's own (node 0's agent, master port): no clash to avoid
@@ -77,7 +78,7 @@ def build_plan(
     *,
     cpus: int = 1,
     max_restarts: int = 0,
-    term_grace: float = DEFAULT_GRACE_S,
+    term_grace: float = TERM_GRACE.default,
     join_timeout: float = 300.0,
 ) -> LaunchPlan:
     """`max_restarts`: worker-group restarts torchrun may do; `term_grace`: seconds the ranks get
@@ -104,11 +105,11 @@ def build_plan(
     if topology.local_addr:
         torchrun += ["--local-addr", topology.local_addr]  # published to peers instead of the host name
     added = {
-        "TRAINPOD_NODE_RANK": str(topology.node_rank),
+        log.NODE_RANK_VAR: str(topology.node_rank),  # the agent's log prefix
         "TRAINPOD_NNODES": str(topology.nnodes),
         "TRAINPOD_BACKEND": topology.backend,
-        GRACE_VAR: f"{term_grace:g}",  # read by trainpod.preemption in the ranks
-        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": f"[node{topology.node_rank} rank${{rank}}] ",
+        TERM_GRACE.var: f"{term_grace:g}",  # read by trainpod.preemption in the ranks
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": log.rank_tag_template(topology.node_rank),
         "NO_PROXY": _no_proxy(env, topology.master_addr),
     }
     added["no_proxy"] = added["NO_PROXY"]

@@ -30,27 +30,18 @@ import threading
 import time
 from collections.abc import Mapping
 
-from trainpod.errors import ConfigError
+from trainpod.settings import TERM_GRACE
 
 __all__ = ["DEFAULT_GRACE_S", "EXIT_CODE", "GRACE_VAR", "Preemption", "ignore_sigterm", "term_grace"]
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143, what a shell and trainpod's agent report for a SIGTERM
-GRACE_VAR = "TRAINPOD_TERM_GRACE"
-DEFAULT_GRACE_S = 25.0  # under Kubernetes' default 30 s terminationGracePeriodSeconds
+GRACE_VAR = TERM_GRACE.var
+DEFAULT_GRACE_S = TERM_GRACE.default
 
 
 def term_grace(env: Mapping[str, str] | None = None) -> float:
     """Seconds from TRAINPOD_TERM_GRACE (default 25); ConfigError (one line) unless a number above 0."""
-    value = (os.environ if env is None else env).get(GRACE_VAR, "").strip()
-    if not value:
-        return DEFAULT_GRACE_S
-    try:
-        grace = float(value)
-    except ValueError:
-        grace = math.nan
-    if not (math.isfinite(grace) and grace > 0):
-        raise ConfigError(f"{GRACE_VAR}={value!r}: expected the seconds a rank gets to stop after SIGTERM, a number above 0")
-    return grace
+    return TERM_GRACE.from_env(os.environ if env is None else env)[0]
 
 
 def ignore_sigterm(worker_id: int = 0) -> None:

@@ -8,7 +8,7 @@ and the code is worth retrying, and otherwise writes the final code to a file an
 supervisord down. run_supervised(), the container's main process under tini, starts supervisord,
 forwards signals to it, and exits with the code from that file.
 
-    tini -> trainpod run (run_supervised) -> supervisord -> job: trainpod run (TRAINPOD_SUPERVISED=1)
+    tini -> trainpod run (run_supervised) -> supervisord -> job: python -m trainpod.job
                                                           -> policy: python -m trainpod.supervise
 
 One budget of --max-restarts covers both layers. A failed rank is restarted inside the agent by
@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainpod import log
 from trainpod.errors import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
 
 PROGRAM = "job"
@@ -126,11 +127,11 @@ stderr_logfile_maxbytes=0
 """
 
 
-def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, log_prefix: str, stop_wait: int = 60) -> int:
+def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, node_rank: int, stop_wait: int = 60) -> int:
     """Run `job` under supervisord with `policy`; the job's final exit code (128+N after signal N)."""
     workdir = Path(tempfile.mkdtemp(prefix="trainpod-supervisor-"))
     outcome = workdir / OUTCOME
-    listener = [sys.executable, "-m", "trainpod.supervise", str(workdir), json.dumps(asdict(policy)), log_prefix]
+    listener = [sys.executable, "-m", "trainpod.supervise", str(workdir), json.dumps(asdict(policy)), str(node_rank)]
     config = workdir / "supervisord.conf"
     config.write_text(render_config(job, listener, workdir, stop_wait))
     supervisord = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(config)],
@@ -152,7 +153,7 @@ def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, log_
     if received:
         return 128 + received[0]
     if code is None:
-        print(f"{log_prefix}: supervisord exited ({supervisord.returncode}) before the job finished", file=sys.stderr)
+        print(f"{log.prefix(node_rank)}: supervisord exited ({supervisord.returncode}) before the job finished", file=sys.stderr)
         return 70  # EX_SOFTWARE
     return code
 
@@ -171,7 +172,7 @@ def _events(stdin, stdout):
         stdout.flush()
 
 
-def listen(workdir: Path, policy: Policy, log_prefix: str) -> None:
+def listen(workdir: Path, policy: Policy, node_rank: str) -> None:
     import xmlrpc.client
 
     from supervisor.xmlrpc import SupervisorTransport  # only inside the image's supervisord
@@ -180,9 +181,7 @@ def listen(workdir: Path, policy: Policy, log_prefix: str) -> None:
     rpc = xmlrpc.client.ServerProxy("http://localhost", transport=SupervisorTransport(None, None, socket_url))
     restarts = attempts = 0
 
-    def log(message: str) -> None:
-        print(f"{log_prefix}: {message}", file=sys.stderr, flush=True)
-
+    say = log.writer(node_rank)
     for name, fields in _events(sys.stdin, sys.stdout):
         if name != "PROCESS_STATE_EXITED" or fields.get("processname") != PROGRAM:
             continue
@@ -199,18 +198,18 @@ def listen(workdir: Path, policy: Policy, log_prefix: str) -> None:
             restarts += 1
             (workdir / RESTARTS_USED).write_text(str(restarts))
             delay = policy.delay(restarts)
-            log(f"the job exited with {code}: restart {restarts} of {policy.max_restarts} in {delay:g}s")
+            say(f"the job exited with {code}: restart {restarts} of {policy.max_restarts} in {delay:g}s")
             time.sleep(delay)
             rpc.supervisor.startProcess(PROGRAM, False)
             continue
         if code in (EXIT_USAGE, EXIT_CONFIG):
-            log(f"the job exited with {code} (a usage or configuration error): not restarted")
+            say(f"the job exited with {code} (a usage or configuration error): not restarted")
         elif code != EXIT_OK:
-            log(f"the job exited with {code} after {attempts} attempt(s) (--max-restarts {policy.max_restarts}): giving up")
+            say(f"the job exited with {code} after {attempts} attempt(s) (--max-restarts {policy.max_restarts}): giving up")
         (workdir / OUTCOME).write_text(json.dumps({"code": code, "attempts": attempts}))
         rpc.supervisor.shutdown()
 
 
 if __name__ == "__main__":
-    directory, policy_json, prefix = sys.argv[1:4]
-    listen(Path(directory), Policy(**json.loads(policy_json)), prefix)
+    directory, policy_json, node = sys.argv[1:4]
+    listen(Path(directory), Policy(**json.loads(policy_json)), node)

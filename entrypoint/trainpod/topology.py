@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -48,3 +48,11 @@ class Topology:
             "origins": dict(self.origins),
             "warnings": list(self.warnings),
         }
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Topology:
+        """The inverse of to_dict() (which adds world_size): how the supervised job receives it."""
+        known = {f.name for f in fields(Topology)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["warnings"] = tuple(values.get("warnings", ()))
+        return Topology(**values)

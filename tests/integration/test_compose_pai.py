@@ -48,7 +48,7 @@ def test_a_worker_whose_master_never_comes_up_exits_69(job):
     log = job.logs("node1")
     assert code == 69, log
     assert elapsed < 40, elapsed
-    errors = [line for line in log.splitlines() if line.startswith("trainpod: error:")]
+    errors = [line for line in log.splitlines() if line.startswith("[node1] trainpod: error:")]
     assert len(errors) == 1, log
     for part in ("10.151.41.11:29877", "PAI_HOST_IP_worker_0", "PAI_PORT_LIST_worker_0_SyncPort", "within 5s", "interface eth0"):
         assert part in errors[0]

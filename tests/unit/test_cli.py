@@ -91,6 +91,58 @@ def test_configuration_errors_exit_78(env):
     one_line_error(trainpod("run", "--example", "cifar10-ddp", env=env), 78)
 
 
+@pytest.mark.parametrize("args", [
+    ["run", "--connect-timeout", "nan", "--", "true"],
+    ["run", "--connect-timeout", "inf", "--", "true"],
+    ["run", "--term-grace", "nan", "--", "true"],
+    ["run", "--restart-backoff", "nan", "--", "true"],
+    ["explain", "--master-addr", ""],
+    ["explain", "--master-addr", "10.0.0.1:29500"],
+    ["explain", "--nnodes", "1_0"],
+])
+def test_malformed_flags_are_named_with_64(args):
+    line = one_line_error(trainpod(*args), 64)
+    assert f"{args[1]}=" in line and "expected" in line
+
+
+@pytest.mark.parametrize("env,named", [
+    ({"TRAINPOD_SOURCE": "bogus"}, "TRAINPOD_SOURCE='bogus'"),
+    ({"TRAINPOD_MAX_RESTARTS": "-1"}, "TRAINPOD_MAX_RESTARTS='-1'"),
+    ({"TRAINPOD_TERM_GRACE": "0"}, "TRAINPOD_TERM_GRACE='0'"),
+    ({"TRAINPOD_CONNECT_TIMEOUT": "nan"}, "TRAINPOD_CONNECT_TIMEOUT='nan'"),
+    ({"TRAINPOD_EXAMPLE": "nope"}, "TRAINPOD_EXAMPLE='nope'"),
+    ({"TRAINPOD_SOURCE": "pai"}, "PAI_CURRENT_TASK_ROLE_NAME is not set"),
+    ({"MASTER_ADDR": "127.0.0.1:29500"}, "MASTER_ADDR='127.0.0.1:29500'"),
+    ({"MASTER_ADDR": "node0 node1"}, "MASTER_ADDR='node0 node1'"),
+    ({"NNODES": "٢", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}, "NNODES='٢'"),
+    ({"NNODES": "1_0", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}, "NNODES='1_0'"),
+    ({"NNODES": "9" * 25, "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}, "NNODES="),
+])
+def test_malformed_variables_are_named_with_78_and_never_run(env, named):
+    for command in (["explain"], ["run", "--", "true"]):
+        assert named in one_line_error(trainpod(*command, env=env), 78)
+
+
+def test_source_pai_as_a_flag_without_pai_variables():
+    assert "PAI_CURRENT_TASK_ROLE_NAME is not set" in one_line_error(trainpod("explain", "--source", "pai"), 78)
+
+
+def test_an_ipv6_master_in_brackets_is_accepted():
+    result = trainpod("explain", "--json", env={"MASTER_ADDR": "[::1]", "NNODES": "1"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["master_addr"] == "::1"
+
+
+def test_explain_shows_the_restart_budget_run_would_use():
+    result = trainpod("explain", "--json", "--", "true")
+    assert result.returncode == 0, result.stderr
+    command = json.loads(result.stdout)["command"]
+    assert command[command.index("--max-restarts") + 1] == "3"
+    result = trainpod("explain", "--json", "--max-restarts", "5", "--", "true")
+    command = json.loads(result.stdout)["command"]
+    assert command[command.index("--max-restarts") + 1] == "5"
+
+
 def test_unreachable_master_exits_69_within_the_timeout():
     port = free_port()  # nothing listens there
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NNODES": "2", "NODE_RANK": "1", "HTTP_PROXY": "http://proxy:3128"}

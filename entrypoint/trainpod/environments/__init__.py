@@ -1,6 +1,7 @@
 """Cluster environments: one small class per source, tried in registry order.
 
-A new source is one new module plus its line here; nothing else changes.
+A new source is one new module plus its line here: the CLI builds `--source` and the source's
+own flags (its `settings`) from this registry.
 """
 
 from __future__ import annotations
@@ -11,21 +12,32 @@ from trainpod.environments.base import ClusterEnvironment, Discovery
 from trainpod.environments.pai import PAIEnvironment
 from trainpod.environments.single import SingleNodeEnvironment
 from trainpod.environments.torchrun import TorchrunEnvironment
-from trainpod.errors import UsageError
+from trainpod.settings import Choice, Setting
 
 # Order matters: the first whose detect() is true wins; single node always detects, so it is last.
 REGISTRY: dict[str, type[ClusterEnvironment]] = {
     cls.name: cls for cls in (PAIEnvironment, TorchrunEnvironment, SingleNodeEnvironment)
 }
 
+SOURCE = Setting(
+    "source",
+    "cluster environment to read; default: the first that detects, in this order: "
+    + "; ".join(f"{cls.name}: {cls.description}" for cls in REGISTRY.values()),
+    Choice(tuple(REGISTRY)),
+    var="TRAINPOD_SOURCE",
+)
+
 
 def select(env: Mapping[str, str], forced: str | None = None) -> type[ClusterEnvironment]:
-    """The environment class named by `forced` (--source), else the first that detects."""
+    """The environment class named by `forced` (already checked against SOURCE), else the first that detects."""
     if forced:
-        if forced not in REGISTRY:
-            raise UsageError(f"--source={forced!r}: expected one of {', '.join(REGISTRY)}")
         return REGISTRY[forced]
     return next(cls for cls in REGISTRY.values() if cls.detect(env))
 
 
-__all__ = ["REGISTRY", "ClusterEnvironment", "Discovery", "select"]
+def settings() -> list:
+    """Every source's own settings, in registry order."""
+    return [setting for cls in REGISTRY.values() for setting in cls.settings]
+
+
+__all__ = ["REGISTRY", "SOURCE", "ClusterEnvironment", "Discovery", "select", "settings"]

@@ -5,11 +5,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from trainpod.errors import ConfigError, UsageError
+from trainpod.errors import invalid
+from trainpod.settings import MAX_NODES, MAX_NPROC, Integer, Invalid, Setting, Values, resolve
 
 DEFAULT_MASTER_PORT = 29500
+
+__all__ = ["DEFAULT_MASTER_PORT", "MAX_NODES", "MAX_NPROC", "ClusterEnvironment", "Discovery", "parse_int", "parse_port"]
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,21 @@ class Discovery:
 
 
 class ClusterEnvironment(abc.ABC):
-    """One cluster type. Subclasses read only the mapping they are given, never os.environ."""
+    """One cluster type. Subclasses read only the mapping they are given, never os.environ.
+
+    `settings` declares the flags and variables this source reads besides the cluster's own
+    (OpenPAI: --pai-roles/TRAINPOD_PAI_ROLES, ...): the CLI adds them as a group of their own,
+    headed by `description`, and resolves them before discover() runs.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
+    settings: ClassVar[tuple[Setting, ...]] = ()
 
-    def __init__(self, env: Mapping[str, str], flags: Mapping[str, str | None] | None = None):
+    def __init__(self, env: Mapping[str, str], flags: Mapping[str, Any] | None = None):
+        """`flags`: the command line's values by setting name (None or absent: not given)."""
         self.env = env
-        self.flags = {k: v for k, v in (flags or {}).items() if v is not None}
+        self.options: Values = resolve(self.settings, flags or {}, env)
 
     @staticmethod
     @abc.abstractmethod
@@ -50,25 +60,18 @@ class ClusterEnvironment(abc.ABC):
     def discover(self) -> Discovery:
         """This node's place in the job; raises ConfigError on a bad environment."""
 
-    def setting(self, flag: str, variable: str) -> tuple[str | None, str]:
-        """A value from a flag (which wins) or else from a variable, with its origin."""
-        if flag in self.flags:
-            return self.flags[flag], "--" + flag.replace("_", "-")
-        return self.env.get(variable), variable
+    def setting(self, name: str) -> tuple[Any, str]:
+        """One of this source's own settings: (value or None, the flag or variable it came from)."""
+        return getattr(self.options, name), self.options.origins[name]
+
 
 
 def parse_int(value: str, origin: str, *, minimum: int = 0, maximum: int | None = None) -> int:
     """An integer from a variable or flag, or a one-line error naming where it came from."""
-    error = UsageError if origin.startswith("--") else ConfigError
-    text = value.strip()
     try:
-        number = int(text)
-    except ValueError:
-        number = None
-    if number is None or number < minimum or (maximum is not None and number > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise error(f"{origin}={value!r}: expected an integer >= {minimum}{upper}")
-    return number
+        return Integer(minimum, maximum)(value)
+    except Invalid as bad:
+        raise invalid(origin, value, str(bad)) from None
 
 
 def parse_port(value: str, origin: str) -> int:

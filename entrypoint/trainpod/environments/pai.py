@@ -17,12 +17,14 @@ from collections.abc import Mapping
 
 from trainpod.environments.base import (
     DEFAULT_MASTER_PORT,
+    MAX_NODES,
     ClusterEnvironment,
     Discovery,
     parse_int,
     parse_port,
 )
-from trainpod.errors import ConfigError, UsageError
+from trainpod.errors import ConfigError, error_for
+from trainpod.settings import Setting
 
 PLATFORM_PORT_LABELS = ("ssh", "http")
 INDEX_VARS = ("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "PAI_TASK_INDEX")
@@ -31,13 +33,24 @@ INDEX_VARS = ("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "PAI_TASK_INDEX")
 class PAIEnvironment(ClusterEnvironment):
     name = "pai"
     description = "OpenPAI runtime variables (PAI_CURRENT_TASK_ROLE_NAME, PAI_HOST_IP_*, PAI_PORT_LIST_*)"
+    settings = (
+        Setting("pai_roles", "ordered, comma-separated trainer task roles; the first one's instance 0 is the master "
+                "(default: the current role)", var="TRAINPOD_PAI_ROLES", metavar="ROLE,..."),
+        Setting("pai_port_label", "port label of the master port (default: the one label besides ssh/http)",
+                var="TRAINPOD_PAI_PORT_LABEL", metavar="LABEL"),
+    )
 
     @staticmethod
     def detect(env: Mapping[str, str]) -> bool:
         return bool(env.get("PAI_CURRENT_TASK_ROLE_NAME", "").strip())
 
     def discover(self) -> Discovery:
-        role = self.env["PAI_CURRENT_TASK_ROLE_NAME"].strip()
+        role = self.env.get("PAI_CURRENT_TASK_ROLE_NAME", "").strip()
+        if not role:  # chosen with --source pai / TRAINPOD_SOURCE=pai, outside an OpenPAI task
+            raise ConfigError(
+                "PAI_CURRENT_TASK_ROLE_NAME is not set: the source 'pai' reads the variables OpenPAI sets in a "
+                "task's container; run it in an OpenPAI task, or choose another --source"
+            )
         index, index_var = self._current_index()
         roles, roles_origin = self._trainer_roles(role)
         counts = {r: self._task_count(r) for r in roles}
@@ -87,11 +100,11 @@ class PAIEnvironment(ClusterEnvironment):
         raise ConfigError(f"neither {' nor '.join(INDEX_VARS)} is set: expected this task's index in its role")
 
     def _trainer_roles(self, current: str) -> tuple[list[str], str]:
-        text, origin = self.setting("pai_roles", "TRAINPOD_PAI_ROLES")
-        if not text or not text.strip():
+        text, origin = self.setting("pai_roles")
+        if text is None:
             return [current], "PAI_CURRENT_TASK_ROLE_NAME"
         roles = [r.strip() for r in text.split(",") if r.strip()]
-        error = UsageError if origin.startswith("--") else ConfigError
+        error = error_for(origin)
         duplicates = sorted({r for r in roles if roles.count(r) > 1})
         if duplicates:
             raise error(f"{origin}={text!r}: role {duplicates[0]!r} is listed twice")
@@ -113,7 +126,7 @@ class PAIEnvironment(ClusterEnvironment):
         if var not in self.env:
             known = ", ".join(sorted(self._known_roles())) or "none found"
             raise ConfigError(f"{var} is not set: is {role!r} a task role of this job? (roles: {known})")
-        return parse_int(self.env[var], var, minimum=1)
+        return parse_int(self.env[var], var, minimum=1, maximum=MAX_NODES)
 
     def _port_variables(self, role: str) -> dict[str, str]:
         """Port label -> variable for instance 0 of `role`, both spellings, PAI_PORT_LIST_ first."""
@@ -134,12 +147,11 @@ class PAIEnvironment(ClusterEnvironment):
 
     def _master_port(self, role: str) -> tuple[int, str, tuple[str, ...]]:
         variables = self._port_variables(role)
-        chosen, origin = self.setting("pai_port_label", "TRAINPOD_PAI_PORT_LABEL")
+        chosen, origin = self.setting("pai_port_label")
         listing = ", ".join(variables) or "none"
         if chosen:
             if chosen not in variables:
-                error = UsageError if origin.startswith("--") else ConfigError
-                raise error(f"{origin}={chosen!r}: no such port label on {role} instance 0 (labels found: {listing})")
+                raise error_for(origin)(f"{origin}={chosen!r}: no such port label on {role} instance 0 (labels found: {listing})")
             label = chosen
         else:
             candidates = [label for label in variables if label not in PLATFORM_PORT_LABELS]

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 from trainpod.environments.base import (
     DEFAULT_MASTER_PORT,
+    MAX_NODES,
+    MAX_NPROC,
     ClusterEnvironment,
     Discovery,
     parse_int,
@@ -39,7 +41,15 @@ def _parse_nnodes(value: str, origin: str) -> int:
             f"{origin}={value!r}: an elastic node range needs a rendezvous backend; "
             "a static job needs one number (or MIN:MAX with MIN == MAX)"
         )
-    return parse_int(low, origin, minimum=1)
+    return parse_int(low, origin, minimum=1, maximum=MAX_NODES)
+
+
+def _parse_nproc(value: str, origin: str) -> int | None:
+    # torchrun also takes "auto" and "gpu" (Kubeflow sets "auto"): one process per visible GPU,
+    # which resolve works out (None here).
+    if value.strip() in ("auto", "gpu"):
+        return None
+    return parse_int(value, origin, minimum=1, maximum=MAX_NPROC)
 
 
 class TorchrunEnvironment(ClusterEnvironment):
@@ -69,7 +79,7 @@ class TorchrunEnvironment(ClusterEnvironment):
         missing: dict[str, str] = {}
         node_rank: int | None = None
         if rank_text is not None:
-            node_rank = parse_int(rank_text, rank_var)
+            node_rank = parse_int(rank_text, rank_var, maximum=MAX_NODES - 1)
             origins["node_rank"] = rank_var
         elif nnodes > 1:
             missing["node_rank"] = (
@@ -99,8 +109,14 @@ class TorchrunEnvironment(ClusterEnvironment):
             master_port, port_var = DEFAULT_MASTER_PORT, "default"
         origins["master_port"] = port_var
 
+        nproc_text, nproc_var = _first(env, ("PET_NPROC_PER_NODE",))
+        nproc = _parse_nproc(nproc_text, nproc_var) if nproc_text is not None else None
+        if nproc is not None:
+            origins["nproc_per_node"] = nproc_var
+
         return Discovery(
             nnodes=nnodes,
+            nproc_per_node=nproc,
             node_rank=node_rank,
             master_addr=master_addr.strip() if master_addr else None,
             master_port=master_port,

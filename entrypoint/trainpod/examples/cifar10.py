@@ -17,7 +17,6 @@ the same weights as one that was never stopped.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import random
@@ -32,13 +31,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset
 
-from trainpod import distributed
+from trainpod import distributed, settings
 from trainpod.checkpoint import Checkpointer, rng_state, set_rng_state
-from trainpod.errors import ConfigError
+from trainpod.errors import TrainpodError
 from trainpod.examples import reporting
 from trainpod.examples.cifar_data import CifarFormatError, find_batches_dir, load_cifar10, synthetic_cifar10
 from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
 from trainpod.samplers import ResumableDistributedSampler
+from trainpod.settings import BACKEND, Boolean, Integer, Number, Setting
 
 EXAMPLE = "cifar10-ddp"
 SYNTHETIC_TEST_SAMPLES = 1024
@@ -54,72 +54,35 @@ PER_PARAMETER_BUCKET_MB = 1e-6  # a cap below any parameter's size: a bucket clo
 AMP_DTYPE = {"cpu": torch.bfloat16, "cuda": torch.float16}  # what --amp computes in, by device type
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+# The options, each a flag with a TRAINPOD_* twin (a job sets variables more easily than it edits
+# a command line; a flag still wins). A bad value is one line naming the flag (64) or variable (78).
+OPTIONS = (
+    Setting("data_dir", "directory with cifar-10-batches-py/ or the batch files; else synthetic data",
+            var="TRAINPOD_DATA_DIR", metavar="DIR"),
+    Setting("output_dir", "where rank 0 writes metrics.json", var="TRAINPOD_OUTPUT_DIR", default="./output", metavar="DIR"),
+    Setting("epochs", "epochs", Integer(1, 100_000), var="TRAINPOD_EPOCHS", default=2),
+    Setting("batch_size", "batch size per rank", Integer(1, 1 << 20), var="TRAINPOD_BATCH_SIZE", default=64),
+    Setting("lr", "peak SGD learning rate (momentum 0.9; linear warm-up, then cosine decay)", Number(above=0, unit=""),
+            var="TRAINPOD_LR", default=0.1),
+    Setting("seed", "seed for weights, data order and synthetic data", Integer(0, 2**32 - 1), var="TRAINPOD_SEED", default=0),
+    Setting("backend", "gloo (CPU) or nccl (GPU LOCAL_RANK); default nccl where CUDA is", BACKEND.kind, var=BACKEND.var),
+    Setting("synthetic_samples", "synthetic training samples", Integer(1, 1 << 24), var="TRAINPOD_SYNTHETIC_SAMPLES",
+            default=4096),
+    Setting("workers", "DataLoader worker processes per rank", Integer(0, 256), var="TRAINPOD_WORKERS", default=0),
+    Setting("max_steps", "stop after this many steps (benchmarks)", Integer(1), var="TRAINPOD_MAX_STEPS"),
+    Setting("log_every", "steps between loss log points", Integer(1), var="TRAINPOD_LOG_EVERY", default=10),
+    Setting("checkpoint_dir", "save checkpoints here and resume from the newest; shared by all nodes (rank 0 writes)",
+            var="TRAINPOD_CHECKPOINT_DIR", metavar="DIR"),
+    Setting("checkpoint_every", "steps between checkpoints", Integer(1), var="TRAINPOD_CHECKPOINT_EVERY", default=10),
+    Setting("keep", "checkpoints kept", Integer(1, 10_000), var="TRAINPOD_CHECKPOINT_KEEP", default=3),
+    Setting("amp", "mixed precision: autocast to bfloat16 on CPU, float16 with a grad scaler on CUDA", Boolean(),
+            var="TRAINPOD_AMP", default=False),
+)
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def boolean(text: str) -> bool:
-    name = text.strip().lower()
-    if name not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
-        raise argparse.ArgumentTypeError(f"expected 1/true/yes/on or 0/false/no/off, got {text!r}")
-    return name in ("1", "true", "yes", "on")
-
-
-def backend_name(text: str) -> str:
-    name = text.strip().lower()
-    if name not in ("gloo", "nccl"):
-        raise argparse.ArgumentTypeError(f"expected gloo or nccl, got {text!r}")
-    return name
-
-
-def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None) -> argparse.Namespace:
-    env = os.environ if env is None else env
-    p = argparse.ArgumentParser(prog="trainpod.examples.cifar10", description=__doc__.split("\n\n")[0])
-
-    def option(flag: str, var: str, default, help: str, **kwargs) -> None:
-        # A job sets variables more easily than it edits a command line; a flag still wins.
-        shown = "" if default is None else f", default {default}"
-        value = env.get(var, default)
-        if var in env and "type" in kwargs:
-            try:  # here, or argparse blames the flag that was never given
-                kwargs["type"](value)
-            except (ValueError, argparse.ArgumentTypeError) as e:
-                p.error(f"{var}={value!r}: {e}")
-        p.add_argument(flag, default=value, help=f"{help} (env {var}{shown})", **kwargs)
-
-    option("--data-dir", "TRAINPOD_DATA_DIR", None, "directory with cifar-10-batches-py/ or the batch files; else synthetic data")
-    option("--output-dir", "TRAINPOD_OUTPUT_DIR", "./output", "where rank 0 writes metrics.json")
-    option("--epochs", "TRAINPOD_EPOCHS", "2", "epochs", type=positive_int)
-    option("--batch-size", "TRAINPOD_BATCH_SIZE", "64", "batch size per rank", type=positive_int)
-    option("--lr", "TRAINPOD_LR", "0.1", "peak SGD learning rate (momentum 0.9; linear warm-up, then cosine decay)", type=float)
-    option("--seed", "TRAINPOD_SEED", "0", "seed for weights, data order and synthetic data", type=int)
-    option("--backend", "TRAINPOD_BACKEND", None, "gloo (CPU) or nccl (GPU LOCAL_RANK); default nccl where CUDA is", type=backend_name)
-    option("--synthetic-samples", "TRAINPOD_SYNTHETIC_SAMPLES", "4096", "synthetic training samples", type=positive_int)
-    option("--workers", "TRAINPOD_WORKERS", "0", "DataLoader worker processes per rank", type=non_negative_int)
-    option("--max-steps", "TRAINPOD_MAX_STEPS", None, "stop after this many steps (benchmarks)", type=positive_int)
-    option("--log-every", "TRAINPOD_LOG_EVERY", "10", "steps between loss log points", type=positive_int)
-    option("--checkpoint-dir", "TRAINPOD_CHECKPOINT_DIR", None, "save checkpoints here and resume from the newest; "
-           "shared by all nodes (rank 0 writes)")
-    option("--checkpoint-every", "TRAINPOD_CHECKPOINT_EVERY", "10", "steps between checkpoints", type=positive_int)
-    option("--keep", "TRAINPOD_CHECKPOINT_KEEP", "3", "checkpoints kept", type=positive_int)
-    amp = env.get("TRAINPOD_AMP", "0")
-    try:
-        amp = boolean(amp)
-    except argparse.ArgumentTypeError as e:
-        p.error(f"TRAINPOD_AMP={amp!r}: {e}")
-    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=amp,
-                   help="mixed precision: autocast to bfloat16 on CPU, float16 with a grad scaler on CUDA (env TRAINPOD_AMP, default off)")
-    args = p.parse_args(argv)
+def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None) -> settings.Values:
+    args = settings.parse_args("trainpod.examples.cifar10", __doc__.split("\n\n")[0], OPTIONS, argv,
+                               os.environ if env is None else env)
     if args.backend is None:
         args.backend = "nccl" if torch.cuda.is_available() else "gloo"
     return args
@@ -152,7 +115,7 @@ def seed_everything(seed: int, device: torch.device) -> None:
         torch.use_deterministic_algorithms(True)
 
 
-def load_data(args: argparse.Namespace, say) -> tuple[str, torch.utils.data.Dataset, torch.utils.data.Dataset]:
+def load_data(args: settings.Values, say) -> tuple[str, torch.utils.data.Dataset, torch.utils.data.Dataset]:
     batches = find_batches_dir(args.data_dir)
     if batches is not None:
         train, test = load_cifar10(batches)
@@ -236,16 +199,16 @@ def evaluate(model: nn.Module, test_set, device: torch.device, rank: int, world:
 
 def main(argv: list[str] | None = None) -> int:
     started = reporting.process_start_time()
-    args = parse_args(argv)
     try:
+        args = parse_args(argv)
         grace = term_grace()  # checked first: a bad value is a configuration error, not a crash later
-    except ConfigError as e:
+    except TrainpodError as e:
         print(f"cifar10: {e}", file=sys.stderr)
         return e.exit_code
     return train(args, grace, started)
 
 
-def train(args: argparse.Namespace, grace: float, started: float) -> int:
+def train(args: settings.Values, grace: float, started: float) -> int:
     rank = int(os.environ.get("RANK", "0"))
     progress = reporting.Progress(total_steps=0, epochs=args.epochs, enabled=rank == 0)
 

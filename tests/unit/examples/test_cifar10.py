@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainpod.checkpoint import Checkpointer, rng_state  # noqa: E402
+from trainpod.errors import ConfigError  # noqa: E402
 from trainpod.examples import cifar10  # noqa: E402
 from trainpod.preemption import EXIT_CODE, GRACE_VAR  # noqa: E402
 from trainpod.samplers import ResumableDistributedSampler  # noqa: E402
@@ -28,11 +29,17 @@ def test_amp_is_off_unless_asked():
     assert cifar10.parse_args(["--no-amp"], env={"TRAINPOD_AMP": "yes"}).amp is False  # the flag wins
 
 
-def test_a_bad_amp_variable_is_named(capsys):
-    with pytest.raises(SystemExit) as info:
+def test_a_bad_amp_variable_is_named():
+    with pytest.raises(ConfigError) as info:
         cifar10.parse_args([], env={"TRAINPOD_AMP": "maybe"})
-    assert info.value.code == 2
-    assert "TRAINPOD_AMP='maybe'" in capsys.readouterr().err
+    assert info.value.exit_code == 78
+    assert str(info.value).startswith("TRAINPOD_AMP='maybe': expected ")
+
+
+def test_a_bad_option_ends_the_example_with_one_line(capsys):
+    assert cifar10.main(["--max-steps", "-5"]) == 64
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cifar10: --max-steps='-5': expected ")
 
 
 def test_a_bad_grace_ends_the_example_with_one_line_and_78(monkeypatch, capsys):

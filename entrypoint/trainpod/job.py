@@ -1,0 +1,90 @@
+"""The supervised job: `python -m trainpod.job`, the program supervisord runs and restarts.
+
+    trainpod run (outer: flags, variables, topology; 64 and 78 end here, never supervised)
+      -> supervisord -> python -m trainpod.job (this module: preflight, then exec the agent)
+
+The outer run hands over everything it resolved as a JobSpec (JSON in TRAINPOD_JOB_SPEC), so
+nothing is parsed twice. Here the preflight checks run (they wait for the master, so an
+unreachable one, 69, is retried by the supervisor), then this process becomes torchrun's agent
+with what is left of the restart budget. `trainpod run --no-supervise` calls run() in its own
+process instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, NoReturn
+
+from trainpod import log
+from trainpod.errors import EXIT_USAGE, TrainpodError
+from trainpod.launch import Target, available_cpus, build_plan
+from trainpod.preflight import run_preflight
+from trainpod.supervise import restarts_left
+from trainpod.topology import Topology
+
+SPEC_VAR = "TRAINPOD_JOB_SPEC"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the outer run resolved: where this node stands, what to run, and the run's settings."""
+
+    topology: Topology
+    target: Target
+    connect_timeout: float
+    term_grace: float
+    max_restarts: int
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = asdict(self)
+        data["topology"] = self.topology.to_dict()
+        return json.dumps(data)
+
+    @staticmethod
+    def from_json(text: str) -> JobSpec:
+        data = json.loads(text)
+        target = data["target"]
+        return JobSpec(
+            topology=Topology.from_dict(data["topology"]),
+            target=Target(module=target["module"], command=tuple(target["command"]), args=tuple(target["args"])),
+            connect_timeout=data["connect_timeout"],
+            term_grace=data["term_grace"],
+            max_restarts=data["max_restarts"],
+        )
+
+
+def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
+    """Preflight, then exec the agent (torchrun): this process becomes it."""
+    say = log.writer(spec.topology.node_rank)
+    for warning in spec.topology.warnings:
+        say(f"warning: {warning}")
+    topology = run_preflight(spec.topology, env, connect_timeout=spec.connect_timeout, log=say)
+    plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=restarts_left(spec.max_restarts),
+                      term_grace=spec.term_grace, join_timeout=spec.connect_timeout)
+    say(
+        f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
+        f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"
+    )
+    sys.stdout.flush()
+    os.execvpe(plan.argv[0], plan.argv, {**env, **plan.env})
+
+
+def main() -> int:
+    text = os.environ.pop(SPEC_VAR, None)  # popped: the agent and the ranks need none of it
+    if not text:
+        print(f"trainpod.job: error: {SPEC_VAR} is not set: this module is started by `trainpod run`", file=sys.stderr)
+        return EXIT_USAGE
+    spec = JobSpec.from_json(text)
+    try:
+        run(spec)
+    except TrainpodError as error:
+        print(f"{log.prefix(spec.topology.node_rank)}: error: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Every setting trainpod reads, declared once: flag, variable, type and bounds, default, help.
+
+    CONNECT_TIMEOUT = Setting("connect_timeout", "seconds to wait for the master ...",
+                              Number(above=0), var="TRAINPOD_CONNECT_TIMEOUT", default=300.0)
+
+The CLI's flags, their help text, parsing and validation come from these declarations (as torch's
+launcher derives its PET_* twins from its flags), and so do the bundled examples' options: a job
+often sets variables more easily than it edits a command line. The cluster environments declare
+their own settings beside their code (`ClusterEnvironment.settings`).
+
+Precedence: the flag, then the variable, then the default. A value that does not parse names
+where it came from: a flag's is a usage error (64: fix the command), a variable's a configuration
+error (78: fix the job). Numbers are ASCII digits only (Python's int() would take '٢' or '1_0'),
+floats are finite, counts have upper bounds: a typo is refused here, not met as a hang later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from trainpod.errors import UsageError, invalid
+
+__all__ = [
+    "ArgumentParser", "Boolean", "Choice", "Host", "Integer", "Invalid", "Number", "ProcessCount", "Setting", "Switch", "Text",
+    "Values", "add_arguments", "parse_args", "resolve",
+]
+
+
+class Invalid(ValueError):
+    """Raised by a kind: the text says what was expected ("an integer from 1 to 65536")."""
+
+
+# --- kinds: text (or an already typed value) -> value, or Invalid --------------------------------
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Integer:
+    minimum: int = 0
+    maximum: int | None = None
+
+    def expected(self) -> str:
+        if self.maximum is None:
+            return f"an integer >= {self.minimum}"
+        return f"an integer from {self.minimum} to {self.maximum}"
+
+    def __call__(self, value: Any) -> int:
+        if isinstance(value, bool):
+            raise Invalid(self.expected())
+        if isinstance(value, int):
+            number = value
+        else:
+            text = str(value).strip()
+            # ASCII digits only: int() also takes other scripts' digits and underscores.
+            if not _INTEGER.fullmatch(text) or len(text) > 20:
+                raise Invalid(self.expected())
+            number = int(text)
+        if number < self.minimum or (self.maximum is not None and number > self.maximum):
+            raise Invalid(self.expected())
+        return number
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite number; `above` is an exclusive lower bound, `minimum` an inclusive one."""
+
+    minimum: float | None = None
+    above: float | None = None
+    unit: str = "seconds"
+
+    def expected(self) -> str:
+        bound = f" above {self.above:g}" if self.above is not None else f" >= {self.minimum:g}" if self.minimum is not None else ""
+        return f"a number of {self.unit}{bound}" if self.unit else f"a number{bound}"
+
+    def __call__(self, value: Any) -> float:
+        if isinstance(value, bool):
+            raise Invalid(self.expected())
+        if isinstance(value, (int, float)):
+            number = float(value)
+        else:
+            text = str(value).strip()
+            if not _NUMBER.fullmatch(text):  # no nan, inf, '1_0' or other scripts' digits
+                raise Invalid(self.expected())
+            number = float(text)
+        if not math.isfinite(number):
+            raise Invalid(self.expected())
+        if (self.above is not None and number <= self.above) or (self.minimum is not None and number < self.minimum):
+            raise Invalid(self.expected())
+        return number
+
+
+@dataclass(frozen=True)
+class Choice:
+    choices: tuple[str, ...]
+
+    def expected(self) -> str:
+        return f"one of {', '.join(self.choices)}"
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip()
+        if text not in self.choices:
+            raise Invalid(self.expected())
+        return text
+
+
+@dataclass(frozen=True)
+class Text:
+    def expected(self) -> str:
+        return "a non-empty value"
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip()
+        if not text:
+            raise Invalid(self.expected())
+        return text
+
+
+@dataclass(frozen=True)
+class Boolean:
+    """On the command line --name / --no-name; as a variable 1/true/yes/on or 0/false/no/off."""
+
+    def expected(self) -> str:
+        return "1, true, yes, on, or 0, false, no, off"
+
+    def __call__(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text not in _TRUE + _FALSE:
+            raise Invalid(self.expected())
+        return text in _TRUE
+
+
+@dataclass(frozen=True)
+class ProcessCount:
+    """Processes per node: an integer, or "auto"/"gpu" (torchrun's words): one per visible GPU."""
+
+    maximum: int = 1024
+
+    def expected(self) -> str:
+        return f"an integer from 1 to {self.maximum}, or auto (one per visible GPU)"
+
+    def __call__(self, value: Any) -> int | str:
+        if str(value).strip() in ("auto", "gpu"):
+            return "auto"
+        try:
+            return Integer(1, self.maximum)(value)
+        except Invalid:
+            raise Invalid(self.expected()) from None
+
+
+class Switch(Boolean):
+    """A flag that takes no value (--no-supervise); its variable is a Boolean."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host name, an IPv4 or an IPv6 literal (brackets stripped only around an IPv6 literal).
+
+    Checked without any network I/O: 'host:port', two words or an empty value are refused here
+    rather than met as an unreachable master, which would be retried.
+    """
+
+    def expected(self) -> str:
+        return "a host name or an IP address, without a port"
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip()
+        if text.startswith("[") and text.endswith("]"):
+            inner = text[1:-1]
+            if _ip_version(inner) == 6:
+                return inner
+            raise Invalid(self.expected())
+        if _ip_version(text):
+            return text
+        # RFC 1123 labels; underscores too, which container runtimes allow in service names.
+        labels = text.rstrip(".").split(".")
+        if (
+            0 < len(text) <= 253
+            and text.isascii()
+            and all(re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", label) for label in labels)
+            and not re.fullmatch(r"[0-9.]+", text)  # '10.0.0' or '999.1.1.1' is a broken address, not a name
+        ):
+            return text
+        raise Invalid(self.expected())
+
+
+def _ip_version(text: str) -> int | None:
+    try:
+        return ipaddress.ip_address(text).version
+    except ValueError:
+        return None
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the attribute: "connect_timeout"; the flag is derived from it: --connect-timeout
+    help: str
+    kind: Callable[[Any], Any] = field(default_factory=Text)
+    var: str | None = None  # the variable twin (TRAINPOD_*); None: a flag only
+    default: Any = None  # None: not given (the caller then decides, e.g. from the visible GPUs)
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, value: Any, origin: str) -> Any:
+        """`value` as this setting's type; a one-line error naming `origin` (64 for a flag, 78 else)."""
+        try:
+            return self.kind(value)
+        except Invalid as bad:
+            raise invalid(origin, value, str(bad)) from None
+
+    def from_env(self, env: Mapping[str, str]) -> tuple[Any, str]:
+        """(value, origin) from the variable, else the default."""
+        if self.var and env.get(self.var, "").strip():
+            return self.parse(env[self.var], self.var), self.var
+        return self.default, "default"
+
+    def describe(self) -> str:
+        details = []
+        if self.default is not None and not isinstance(self.kind, Switch):
+            details.append(f"default {self.default:g}" if isinstance(self.default, float) else f"default {self.default}")
+        if self.var:
+            details.append(f"env {self.var}")
+        return f"{self.help} ({'; '.join(details)})" if details else self.help
+
+
+class Values:
+    """Resolved settings: attribute access, plus `origins` (name -> the flag, variable or "default")."""
+
+    def __init__(self, values: Mapping[str, Any], origins: Mapping[str, str]):
+        self.__dict__.update(values)
+        self.origins = dict(origins)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items() if k != "origins")
+        return f"Values({shown})"
+
+
+def resolve(settings: Iterable[Setting], flags: Mapping[str, Any], env: Mapping[str, str]) -> Values:
+    """Each setting from its flag (a value in `flags` that is not None), else its variable, else its default."""
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for setting in settings:
+        given = flags.get(setting.name)
+        if given is not None:
+            values[setting.name], origins[setting.name] = setting.parse(given, setting.flag), setting.flag
+        else:
+            values[setting.name], origins[setting.name] = setting.from_env(env)
+    return Values(values, origins)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 64 (UsageError), not a usage dump and 2."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[Setting], title: str | None = None) -> None:
+    """Flags for `settings`; each stores its raw text (None when not given) for resolve() to parse,
+    so that a bad value is reported the same way whether it came from the flag or the variable."""
+    group = parser.add_argument_group(title) if title else parser
+    for setting in settings:
+        if isinstance(setting.kind, Switch):
+            group.add_argument(setting.flag, dest=setting.name, action="store_const", const=True, default=None,
+                               help=setting.describe())
+        elif isinstance(setting.kind, Boolean):
+            group.add_argument(setting.flag, dest=setting.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=setting.describe())
+        else:
+            group.add_argument(setting.flag, dest=setting.name, metavar=setting.metavar or _metavar(setting.kind),
+                               default=None, help=setting.describe())
+
+
+def _metavar(kind: Callable[[Any], Any]) -> str:
+    if isinstance(kind, Choice):
+        return "{" + ",".join(kind.choices) + "}"
+    if isinstance(kind, Number):
+        return "SECONDS" if kind.unit == "seconds" else "X"
+    return {Integer: "N", ProcessCount: "N|auto", Host: "HOST"}.get(type(kind), "VALUE")
+
+
+def parse_args(
+    prog: str, description: str, settings: Sequence[Setting], argv: Sequence[str] | None, env: Mapping[str, str]
+) -> Values:
+    """A script's options (the bundled examples'): flags, then variables, then defaults; one-line errors."""
+    parser = ArgumentParser(prog=prog, description=description)
+    add_arguments(parser, settings)
+    args = parser.parse_args(argv)
+    return resolve(settings, vars(args), env)
+
+
+# --- trainpod's own settings ---------------------------------------------------------------------
+# The cluster sources declare theirs in environments/ (and --source beside their registry); the
+# bundled examples declare their options in their modules. Topology flags have no TRAINPOD_*
+# twin where the cluster's own variables (PET_NNODES, MASTER_ADDR, PAI_*, ...) are the twin.
+
+MAX_NODES = 65536
+MAX_NPROC = 1024
+BACKENDS = ("gloo", "nccl")
+
+NNODES = Setting("nnodes", "number of nodes", Integer(1, MAX_NODES))
+NODE_RANK = Setting("node_rank", "this node's rank, 0 = master", Integer(0, MAX_NODES - 1))
+NPROC_PER_NODE = Setting(
+    "nproc_per_node", "processes per node, or auto: one per visible GPU (default: PET_NPROC_PER_NODE, else one per "
+    "visible GPU, else 1)", ProcessCount(MAX_NPROC), var="TRAINPOD_NPROC_PER_NODE")
+MASTER_ADDR = Setting("master_addr", "the master's address: a host name or an IP address", Host())
+MASTER_PORT = Setting("master_port", "the master's port", Integer(1, 65535))
+BACKEND = Setting("backend", "collective backend (default: nccl with GPUs, else gloo)", Choice(BACKENDS), var="TRAINPOD_BACKEND")
+INTERFACE = Setting("interface", "network interface for gloo/NCCL (default: GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME, "
+                    "else the one that carries the route to the master)", metavar="IFNAME")
+TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND, INTERFACE)
+
+CONNECT_TIMEOUT = Setting("connect_timeout", "seconds to wait for the master (DNS and port) before exit 69",
+                          Number(above=0), var="TRAINPOD_CONNECT_TIMEOUT", default=300.0)
+MAX_RESTARTS = Setting(
+    "max_restarts", "restarts after a failure, one budget for both layers: torchrun restarts the worker group at once "
+    "when a rank fails, supervisord restarts the agent with exponential backoff", Integer(0, 10000),
+    var="TRAINPOD_MAX_RESTARTS", default=3)
+RESTART_BACKOFF = Setting("restart_backoff", "seconds before the first restart of the agent, doubling each time",
+                          Number(minimum=0), var="TRAINPOD_RESTART_BACKOFF", default=1.0)
+TERM_GRACE = Setting(
+    "term_grace", "seconds the ranks get after SIGTERM to finish the step and save a checkpoint before they are "
+    "killed; give the container this plus 30 s to stop", Number(above=0), var="TRAINPOD_TERM_GRACE",
+    default=25.0)  # under Kubernetes' default terminationGracePeriodSeconds of 30
+NO_SUPERVISE = Setting(
+    "no_supervise", "exec torchrun directly, without supervisord: failed ranks are still restarted by torchrun "
+    "(up to --max-restarts), a failed agent is not", Switch(), var="TRAINPOD_NO_SUPERVISE", default=False)
+SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, TERM_GRACE, NO_SUPERVISE)

@@ -1,0 +1,41 @@
+"""The supervised job's hand-over: the JobSpec survives the trip through the environment intact."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from trainpod.job import SPEC_VAR, JobSpec
+from trainpod.launch import Target
+from trainpod.topology import Topology
+
+ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
+
+TOPOLOGY = Topology(source="pai", nnodes=2, node_rank=1, nproc_per_node=2, master_addr="10.0.0.2", master_port=29877,
+                    backend="gloo", interface=None, interface_reason="decided at run time",
+                    origins={"master_addr": "PAI_HOST_IP_worker_0"}, warnings=("no port label",))
+
+
+def test_a_spec_round_trips_through_json():
+    for target in (Target.for_example("cifar10-ddp", ["--epochs", "1"]), Target(command=("python", "train.py", "100%"))):
+        spec = JobSpec(topology=TOPOLOGY, target=target, connect_timeout=5.0, term_grace=25.0, max_restarts=3)
+        assert JobSpec.from_json(spec.to_json()) == spec
+
+
+def test_the_job_module_needs_its_spec():
+    env = {k: v for k, v in os.environ.items() if k != SPEC_VAR}
+    result = subprocess.run([sys.executable, "-m", "trainpod.job"], env={**env, "PYTHONPATH": ENTRYPOINT},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 64
+    assert result.stderr.strip() == f"trainpod.job: error: {SPEC_VAR} is not set: this module is started by `trainpod run`"
+
+
+def test_a_preflight_failure_is_one_line_with_the_node_prefix():
+    spec = JobSpec(topology=Topology(source="torchrun", nnodes=2, node_rank=1, nproc_per_node=1, master_addr="no-such-host.invalid",
+                                     master_port=29500, backend="gloo", interface=None),
+                   target=Target(command=("true",)), connect_timeout=0.5, term_grace=25.0, max_restarts=0)
+    result = subprocess.run([sys.executable, "-m", "trainpod.job"], env={**os.environ, "PYTHONPATH": ENTRYPOINT, SPEC_VAR: spec.to_json()},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 69, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[node1] trainpod: error: master address 'no-such-host.invalid'")
