@@ -16,9 +16,9 @@ DOCKER ?= docker
 # The OS base of the images (make base); debian:bookworm-slim where it can be pulled.
 BASE_IMAGE ?= trainpod-base:bookworm
 PUBLIC_BASE ?= debian:bookworm-slim
-# What the images need from the OS; debootstrap includes them, the Dockerfile apt-installs them
-# when missing (keep both lists the same).
-OS_PACKAGES := python3,python3-venv,tini,iproute2,ca-certificates,procps
+# What the images need from the OS, one package a line: make-base.sh debootstraps the base with
+# them, and the image build apt-installs any that its base lacks (images/install-os-packages.sh).
+OS_PACKAGES_FILE := images/os-packages.txt
 
 # The wheelhouse is resolved for the image's Python (bookworm: 3.11), whatever the host runs.
 IMAGE_PYTHON ?= 3.11
@@ -52,10 +52,11 @@ help: ## list the targets
 		| awk -F':.*## ' '{ printf "  make %-13s %s\n", $$1, $$2 }'
 
 base: ## OS base image trainpod-base:bookworm: pull debian:bookworm-slim, else debootstrap it
-	IMAGE=$(BASE_IMAGE) PUBLIC_BASE=$(PUBLIC_BASE) OS_PACKAGES=$(OS_PACKAGES) DOCKER=$(DOCKER) \
-		bash images/make-base.sh
+	IMAGE=$(BASE_IMAGE) PUBLIC_BASE=$(PUBLIC_BASE) OS_PACKAGES_FILE=$(OS_PACKAGES_FILE) \
+		DOCKER=$(DOCKER) bash images/make-base.sh
 
-wheelhouse: $(FLAVORS:%=build/wheelhouse/%/.trainpod) ## pinned wheels for the images, in build/wheelhouse/<flavour>
+# Each build/wheelhouse/<flavour> is the build context of trainpod:<flavour>.
+wheelhouse: $(FLAVORS:%=build/wheelhouse/%/.trainpod) $(FLAVORS:%=build/wheelhouse/%/.os) ## pinned wheels for the images, in build/wheelhouse/<flavour>
 
 # Third-party wheels, for the image's Python and platform, plus the requirements files. --no-deps:
 # the requirements files are the complete lock; a dependency missing there fails the image build.
@@ -64,6 +65,13 @@ build/wheelhouse/%/.deps: images/requirements-common.txt images/requirements-%.t
 	$(PYTHON) -m pip download --disable-pip-version-check --no-deps $(PIP_TARGET) $(PIP_SOURCE_$*) \
 		-d $(@D) -r images/requirements-$*.txt
 	cp $^ $(@D)/
+	touch $@
+
+# The OS package list and the script that installs it, for the Dockerfile (after .deps, which
+# empties the folder).
+build/wheelhouse/%/.os: $(OS_PACKAGES_FILE) images/install-os-packages.sh build/wheelhouse/%/.deps
+	cp $(OS_PACKAGES_FILE) $(@D)/os-packages.txt
+	cp images/install-os-packages.sh $(@D)/
 	touch $@
 
 # trainpod's own wheel, built from a clean copy of entrypoint/ (no stale build/ or egg-info), in a
@@ -79,7 +87,7 @@ build/wheelhouse/%/.trainpod: build/wheelhouse/%/.deps $(TRAINPOD_SRC)
 
 # trainpod:<flavour>, built from build/wheelhouse/<flavour>. The build is skipped when nothing
 # changed: build/image-<flavour>.ids holds the IDs of the base and of the image it made, and is
-# remade when the Dockerfile or the wheelhouse is newer, or when those IDs are not the current ones.
+# remade when the Dockerfile or the build context is newer, or when those IDs are not the current ones.
 # The builder stage is tagged trainpod-builder:<flavour> (about 1.2 GB) so that its layers stay the
 # build cache; after a build, this project's dangling images (builders and images it replaced) are
 # pruned, and only those.
@@ -87,13 +95,13 @@ image-ids = echo $$($(DOCKER) image inspect -f '{{.Id}}' $(BASE_IMAGE_$(1)) trai
 image-build-args = -f images/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE_$(1)) --build-arg FLAVOR=$(1) \
 	--build-arg VERSION=$(VERSION) --build-arg VCS_REF=$(VCS_REF) build/wheelhouse/$(1)
 
-build/image-%.ids: images/Dockerfile build/wheelhouse/%/.trainpod
+build/image-%.ids: images/Dockerfile build/wheelhouse/%/.trainpod build/wheelhouse/%/.os
 	$(DOCKER) build --target builder -t trainpod-builder:$* $(call image-build-args,$*)
 	$(DOCKER) build -t trainpod:$* $(call image-build-args,$*)
 	$(DOCKER) image prune -f --filter label=org.opencontainers.image.title=trainpod
 	$(call image-ids,$*) > $@
 
-image-cpu: base build/wheelhouse/cpu/.trainpod ## trainpod:cpu
+image-cpu: base build/wheelhouse/cpu/.trainpod build/wheelhouse/cpu/.os ## trainpod:cpu
 	@[ "$$($(call image-ids,cpu))" = "$$(cat build/image-cpu.ids 2>/dev/null)" ] \
 		|| rm -f build/image-cpu.ids
 	@$(MAKE) --no-print-directory build/image-cpu.ids
