@@ -9,6 +9,8 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 # Keep the stamp files of the pattern rules below (make would delete them as intermediates).
 .SECONDARY:
+# Lets a pattern rule's prerequisites name per-flavour settings ($$(call requirements,$$*)).
+.SECONDEXPANSION:
 
 PYTHON ?= python3
 DOCKER ?= docker
@@ -16,9 +18,9 @@ DOCKER ?= docker
 # The OS base of the images (make base); debian:bookworm-slim where it can be pulled.
 BASE_IMAGE ?= trainpod-base:bookworm
 PUBLIC_BASE ?= debian:bookworm-slim
-# What the images need from the OS; debootstrap includes them, the Dockerfile apt-installs them
-# when missing (keep both lists the same).
-OS_PACKAGES := python3,python3-venv,tini,iproute2,ca-certificates,procps
+# What the images need from the OS, one package a line: make-base.sh debootstraps the base with
+# them, and the image build apt-installs any that its base lacks (images/install-os-packages.sh).
+OS_PACKAGES_FILE := images/os-packages.txt
 
 # The wheelhouse is resolved for the image's Python (bookworm: 3.11), whatever the host runs.
 IMAGE_PYTHON ?= 3.11
@@ -35,35 +37,63 @@ else
 TORCH_CPU_SOURCE := --extra-index-url https://download.pytorch.org/whl/cpu
 endif
 
-# Per flavour: base image and where pip finds its torch.
+# The flavours: `make images` builds trainpod:<flavour> for each, `make image-<flavour>` one of them.
+# A new flavour is its name here, its requirements file, and those of its settings that differ
+# from the defaults:
+#   BASE_IMAGE_<f>     the image's runtime base                                 (BASE_IMAGE)
+#   BUILDER_IMAGE_<f>  the base of the stage that builds the venv, e.g. one with a CUDA compiler;
+#                      it must have the runtime base's Python version           (BASE_IMAGE_<f>)
+#   PIP_SOURCE_<f>     pip options saying where `make wheelhouse` finds torch   (none: PyPI)
+#   REQUIREMENTS_<f>   the pinned requirements, starting with -r requirements-common.txt
+#                                                                               (images/requirements-<f>.txt)
 FLAVORS := cpu
-BASE_IMAGE_cpu := $(BASE_IMAGE)
 PIP_SOURCE_cpu := $(TORCH_CPU_SOURCE)
+
+base-image = $(or $(BASE_IMAGE_$(1)),$(BASE_IMAGE))
+builder-image = $(or $(BUILDER_IMAGE_$(1)),$(call base-image,$(1)))
+requirements = $(or $(REQUIREMENTS_$(1)),images/requirements-$(1).txt)
+IMAGES := $(FLAVORS:%=image-%)
 
 VERSION := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' entrypoint/pyproject.toml)
 VCS_REF := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 TRAINPOD_SRC := $(shell find entrypoint -type f -not -path '*/__pycache__/*' \
 	-not -path '*.egg-info/*' -not -path 'entrypoint/build/*')
 
-.PHONY: help base wheelhouse images image-cpu dev lint test demo bench clean clean-images
+.PHONY: help base wheelhouse images $(IMAGES) dev lint test demo bench clean clean-images
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
-		| awk -F':.*## ' '{ printf "  make %-13s %s\n", $$1, $$2 }'
+	@grep -E '^([a-z-]+|\$$\(IMAGES\)):.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' \
+		'{ sub(/^\$$\(IMAGES\)$$/, "image-<flavour>", $$1); printf "  make %-16s %s\n", $$1, $$2 }'
 
 base: ## OS base image trainpod-base:bookworm: pull debian:bookworm-slim, else debootstrap it
-	IMAGE=$(BASE_IMAGE) PUBLIC_BASE=$(PUBLIC_BASE) OS_PACKAGES=$(OS_PACKAGES) DOCKER=$(DOCKER) \
-		bash images/make-base.sh
+	IMAGE=$(BASE_IMAGE) PUBLIC_BASE=$(PUBLIC_BASE) OS_PACKAGES_FILE=$(OS_PACKAGES_FILE) \
+		DOCKER=$(DOCKER) bash images/make-base.sh
 
-wheelhouse: $(FLAVORS:%=build/wheelhouse/%/.trainpod) ## pinned wheels for the images, in build/wheelhouse/<flavour>
+# Each build/wheelhouse/<flavour> is the build context of trainpod:<flavour>.
+wheelhouse: $(FLAVORS:%=build/wheelhouse/%/.trainpod) $(FLAVORS:%=build/wheelhouse/%/.os) ## pinned wheels for the images, in build/wheelhouse/<flavour>
 
-# Third-party wheels, for the image's Python and platform, plus the requirements files. --no-deps:
-# the requirements files are the complete lock; a dependency missing there fails the image build.
-build/wheelhouse/%/.deps: images/requirements-common.txt images/requirements-%.txt
+# Third-party wheels, for the image's Python and platform, plus the requirements files (the
+# flavour's as requirements-<flavour>.txt, which the Dockerfile installs). --no-deps: the
+# requirements files are the complete lock; a dependency missing there fails the image build.
+build/wheelhouse/%/.deps: images/requirements-common.txt $$(call requirements,$$*)
 	rm -rf $(@D) && mkdir -p $(@D)
 	$(PYTHON) -m pip download --disable-pip-version-check --no-deps $(PIP_TARGET) $(PIP_SOURCE_$*) \
-		-d $(@D) -r images/requirements-$*.txt
-	cp $^ $(@D)/
+		-d $(@D) -r $(call requirements,$*)
+	cp images/requirements-common.txt $(@D)/
+	cp $(call requirements,$*) $(@D)/requirements-$*.txt
+	touch $@
+
+# A flavour's requirements file is written by hand: say so when it is missing.
+images/requirements-%.txt:
+	@echo "make: $@ is missing: write the requirements of flavour $* (see images/requirements-cpu.txt)," \
+		"or point REQUIREMENTS_$* at a file" >&2
+	@exit 1
+
+# The OS package list and the script that installs it, for both stages of the Dockerfile (after
+# .deps, which empties the folder).
+build/wheelhouse/%/.os: $(OS_PACKAGES_FILE) images/install-os-packages.sh build/wheelhouse/%/.deps
+	cp $(OS_PACKAGES_FILE) $(@D)/os-packages.txt
+	cp images/install-os-packages.sh $(@D)/
 	touch $@
 
 # trainpod's own wheel, built from a clean copy of entrypoint/ (no stale build/ or egg-info), in a
@@ -78,28 +108,30 @@ build/wheelhouse/%/.trainpod: build/wheelhouse/%/.deps $(TRAINPOD_SRC)
 	touch $@
 
 # trainpod:<flavour>, built from build/wheelhouse/<flavour>. The build is skipped when nothing
-# changed: build/image-<flavour>.ids holds the IDs of the base and of the image it made, and is
-# remade when the Dockerfile or the wheelhouse is newer, or when those IDs are not the current ones.
-# The builder stage is tagged trainpod-builder:<flavour> (about 1.2 GB) so that its layers stay the
-# build cache; after a build, this project's dangling images (builders and images it replaced) are
-# pruned, and only those.
-image-ids = echo $$($(DOCKER) image inspect -f '{{.Id}}' $(BASE_IMAGE_$(1)) trainpod:$(1) 2>/dev/null)
-image-build-args = -f images/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE_$(1)) --build-arg FLAVOR=$(1) \
+# changed: build/image-<flavour>.ids holds the IDs of the runtime base, the builder base and the
+# image it made, and is remade when the Dockerfile or the build context is newer, or when those IDs
+# are not the current ones. The builder stage is tagged trainpod-builder:<flavour> (about 1.2 GB)
+# so that its layers stay the build cache; after a build, this project's dangling images (builders
+# and images it replaced) are pruned, and only those.
+image-ids = echo $$($(DOCKER) image inspect -f '{{.Id}}' $(call base-image,$(1)) \
+	$(call builder-image,$(1)) trainpod:$(1) 2>/dev/null)
+image-build-args = -f images/Dockerfile --build-arg BASE_IMAGE=$(call base-image,$(1)) \
+	--build-arg BUILDER_IMAGE=$(call builder-image,$(1)) --build-arg FLAVOR=$(1) \
 	--build-arg VERSION=$(VERSION) --build-arg VCS_REF=$(VCS_REF) build/wheelhouse/$(1)
 
-build/image-%.ids: images/Dockerfile build/wheelhouse/%/.trainpod
+build/image-%.ids: images/Dockerfile build/wheelhouse/%/.trainpod build/wheelhouse/%/.os
 	$(DOCKER) build --target builder -t trainpod-builder:$* $(call image-build-args,$*)
 	$(DOCKER) build -t trainpod:$* $(call image-build-args,$*)
 	$(DOCKER) image prune -f --filter label=org.opencontainers.image.title=trainpod
 	$(call image-ids,$*) > $@
 
-image-cpu: base build/wheelhouse/cpu/.trainpod ## trainpod:cpu
-	@[ "$$($(call image-ids,cpu))" = "$$(cat build/image-cpu.ids 2>/dev/null)" ] \
-		|| rm -f build/image-cpu.ids
-	@$(MAKE) --no-print-directory build/image-cpu.ids
-	@$(DOCKER) image ls trainpod:cpu
+$(IMAGES): image-%: base build/wheelhouse/%/.trainpod build/wheelhouse/%/.os ## trainpod:<flavour>, for a flavour in FLAVORS
+	@[ "$$($(call image-ids,$*))" = "$$(cat build/image-$*.ids 2>/dev/null)" ] \
+		|| rm -f build/image-$*.ids
+	@$(MAKE) --no-print-directory build/image-$*.ids
+	@$(DOCKER) image ls trainpod:$*
 
-images: base image-cpu ## every image (base, trainpod:cpu)
+images: base $(IMAGES) ## every image: the base, then trainpod:<flavour> for each flavour in FLAVORS
 
 dev: ## host setup: trainpod (editable), dev tools, CPU torch
 	$(PYTHON) -m pip install --disable-pip-version-check $(TORCH_CPU_SOURCE) \

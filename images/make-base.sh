@@ -5,23 +5,28 @@
 #   2. If PUBLIC_BASE (debian:bookworm-slim) can be pulled: tag it IMAGE. The Dockerfile then
 #      apt-installs the OS packages.
 #   3. Otherwise (no registry): bootstrap Debian locally with debootstrap --variant=minbase,
-#      including OS_PACKAGES so that the image build needs no apt at all, and `docker import` it
-#      as IMAGE. The image gets the project's own name, never an official one.
+#      including the packages of OS_PACKAGES_FILE so that the image build needs no apt at all, and
+#      `docker import` it as IMAGE. The image gets the project's own name, never an official one.
 #
 # Settings (environment; the Makefile passes them): IMAGE, PUBLIC_BASE, SUITE, MIRROR,
-# OS_PACKAGES (comma-separated), ROOTFS (scratch directory, removed afterwards), DOCKER.
+# OS_PACKAGES_FILE (images/os-packages.txt: one package a line, # comments), ROOTFS (scratch
+# directory, removed afterwards), DOCKER.
 set -euo pipefail
 
 IMAGE=${IMAGE:-trainpod-base:bookworm}
 PUBLIC_BASE=${PUBLIC_BASE:-debian:bookworm-slim}
 SUITE=${SUITE:-bookworm}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
-OS_PACKAGES=${OS_PACKAGES:-python3,python3-venv,tini,iproute2,ca-certificates,procps}
+OS_PACKAGES_FILE=${OS_PACKAGES_FILE:-$(dirname "${BASH_SOURCE[0]}")/os-packages.txt}
 ROOTFS=${ROOTFS:-build/rootfs-$SUITE}
 DOCKER=${DOCKER:-docker}
 
 log() { echo "make-base: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# debootstrap --include= wants them comma-separated (install-os-packages.sh reads the file the same way)
+OS_PACKAGES=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$OS_PACKAGES_FILE" | paste -sd, -)
+[ -n "$OS_PACKAGES" ] || die "no packages in $OS_PACKAGES_FILE"
 
 if "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1; then
     log "$IMAGE exists already (make clean-images to rebuild it)"
