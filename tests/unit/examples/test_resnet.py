@@ -1,0 +1,149 @@
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from trainpod.examples.resnet import resnet50  # noqa: E402
+
+RESNET50_PARAMETERS = 25_557_032  # torchvision's resnet50(), 1000 classes
+# 53 convolutions (stem, 16 blocks x 3, 4 shortcut projections), each with a BatchNorm of 5 entries
+# (weight, bias, running_mean, running_var, num_batches_tracked), plus fc's weight and bias.
+STATE_DICT_KEYS = 53 + 53 * 5 + 2
+# The BatchNorms cover 26,560 channels; their running statistics add 2 * 26,560 + 53 to the parameters.
+STATE_DICT_NUMEL = RESNET50_PARAMETERS + 2 * 26_560 + 53
+
+
+def expected_state_dict_shapes(num_classes=1000):
+    """torchvision's resnet50 state_dict keys, in order, with shapes, written out from the architecture."""
+    shapes = []
+
+    def conv(name, out_channels, in_channels, k):
+        shapes.append((f"{name}.weight", (out_channels, in_channels, k, k)))
+
+    def norm(name, channels):
+        shapes.extend((f"{name}.{key}", (channels,)) for key in ("weight", "bias", "running_mean", "running_var"))
+        shapes.append((f"{name}.num_batches_tracked", ()))
+
+    conv("conv1", 64, 3, 7)
+    norm("bn1", 64)
+    channels = 64
+    for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512)), start=1):
+        for block in range(blocks):
+            prefix = f"layer{stage}.{block}"
+            conv(f"{prefix}.conv1", width, channels, 1)
+            norm(f"{prefix}.bn1", width)
+            conv(f"{prefix}.conv2", width, width, 3)
+            norm(f"{prefix}.bn2", width)
+            conv(f"{prefix}.conv3", 4 * width, width, 1)
+            norm(f"{prefix}.bn3", 4 * width)
+            if block == 0:
+                conv(f"{prefix}.downsample.0", 4 * width, channels, 1)
+                norm(f"{prefix}.downsample.1", 4 * width)
+            channels = 4 * width
+    shapes.append(("fc.weight", (num_classes, 2048)))
+    shapes.append(("fc.bias", (num_classes,)))
+    return shapes
+
+
+def test_parameter_count():
+    model = resnet50()
+    assert sum(p.numel() for p in model.parameters()) == RESNET50_PARAMETERS
+    assert len(list(model.parameters())) == 161
+
+
+def test_state_dict_keys_and_shapes():
+    state = resnet50().state_dict()
+    assert [(k, tuple(v.shape)) for k, v in state.items()] == expected_state_dict_shapes()
+    assert len(state) == STATE_DICT_KEYS == 320
+    assert sum(v.numel() for v in state.values()) == STATE_DICT_NUMEL
+    # A few spot checks, spelled out.
+    assert state["layer3.5.conv2.weight"].shape == (256, 256, 3, 3)
+    assert state["layer2.0.conv2.weight"].shape == (128, 128, 3, 3)
+    assert state["layer4.0.downsample.0.weight"].shape == (2048, 1024, 1, 1)
+    assert state["layer1.0.downsample.1.running_var"].shape == (256,)
+    assert state["fc.weight"].shape == (1000, 2048)
+    assert "layer1.1.downsample.0.weight" not in state
+
+
+def test_the_stride_is_on_the_3x3_convolution():
+    # v1.5: the first block of stages 2-4 strides in conv2 (and its shortcut), never in conv1.
+    model = resnet50()
+    for stage in (model.layer2, model.layer3, model.layer4):
+        first = stage[0]
+        assert first.conv1.stride == (1, 1) and first.conv2.stride == (2, 2)
+        assert first.downsample[0].stride == (2, 2)
+    assert model.layer1[0].conv2.stride == (1, 1)
+
+
+def test_num_classes():
+    model = resnet50(num_classes=10)
+    assert model.fc.weight.shape == (10, 2048)
+    assert sum(p.numel() for p in model.parameters()) == RESNET50_PARAMETERS - 990 * 2049
+    assert [(k, tuple(v.shape)) for k, v in model.state_dict().items()] == expected_state_dict_shapes(10)
+
+
+@pytest.mark.parametrize("size", [224, 64, 32])
+def test_output_shape_for_any_image_size(size):
+    model = resnet50(num_classes=7).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, size, size))
+    assert out.shape == (2, 7)
+    assert torch.isfinite(out).all()
+
+
+def test_initialisation():
+    torch.manual_seed(0)
+    model = resnet50()
+    # kaiming_normal_(fan_out, relu): std sqrt(2 / (out_channels * k * k)).
+    weight = model.layer3[1].conv2.weight  # 256 x 256 x 3 x 3: enough samples for a tight estimate
+    expected_std = math.sqrt(2 / (256 * 9))
+    assert abs(weight.std().item() / expected_std - 1) < 0.02
+    assert abs(weight.mean().item()) < 0.05 * expected_std
+    for name, module in model.named_modules():
+        if isinstance(module, nn.BatchNorm2d):
+            assert torch.equal(module.weight, torch.ones_like(module.weight)), name
+            assert torch.equal(module.bias, torch.zeros_like(module.bias)), name
+
+
+def test_zero_init_residual():
+    model = resnet50(zero_init_residual=True)
+    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for block in stage:
+            assert not block.bn3.weight.any()
+            assert block.bn2.weight.all()
+
+
+def test_norm_layer_group_norm():
+    model = resnet50(num_classes=5, norm_layer=lambda channels: nn.GroupNorm(32, channels))
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert sum(isinstance(m, nn.GroupNorm) for m in model.modules()) == 53
+    assert not any(k.endswith("running_mean") for k in model.state_dict())
+    # GroupNorm does not depend on the batch: one sample in training mode is fine.
+    out = model(torch.randn(1, 3, 32, 32))
+    assert out.shape == (1, 5)
+    out.sum().backward()
+    assert model.conv1.weight.grad is not None
+
+
+def test_every_parameter_gets_a_gradient():
+    model = resnet50(num_classes=3)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    assert missing == []
+
+
+def test_state_dict_interchangeable_with_torchvision():
+    torchvision = pytest.importorskip("torchvision")
+    theirs = torchvision.models.resnet50()
+    ours = resnet50()
+    their_state, our_state = theirs.state_dict(), ours.state_dict()
+    assert [(k, v.shape) for k, v in our_state.items()] == [(k, v.shape) for k, v in their_state.items()]
+    ours.load_state_dict(their_state, strict=True)
+    theirs.load_state_dict(our_state, strict=True)
+    ours.eval()
+    theirs.eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(ours(x), theirs(x), atol=1e-5)
