@@ -48,8 +48,9 @@ values with copy.deepcopy), and hands that snapshot to a background thread: the 
 its model as soon as save() returns. The snapshot's buffers are kept and reused by the next save
 whenever a tensor has the same shape, dtype and strides, so a save costs a memcpy, not a fresh
 allocation and its page faults; close() releases them. GPU tensors go into pinned buffers. The
-background thread streams torch.save into the temporary file while a second thread computes the
-sha256 (of the bytes as written) so hashing overlaps writing and fsync.
+background thread streams torch.save into the temporary file and feeds each chunk to the sha256
+just before writing it, so the digest is of the bytes as written and no byte is read twice;
+hashlib releases the GIL on large chunks, so the training thread runs on meanwhile.
 
 Interpreter exit. The writer thread is not a daemon: a script that ends (or dies of an exception)
 with a save in flight still finishes that save before the process exits. A failure then is
@@ -88,7 +89,6 @@ divergence.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import copy
 import datetime
@@ -98,7 +98,6 @@ import json
 import operator
 import os
 import pickle
-import queue
 import random
 import re
 import sys
@@ -115,7 +114,7 @@ from trainpod.errors import TrainpodError
 
 try:
     import numpy as _np
-except ImportError:  # torch runs without numpy; so does everything here, only a little slower
+except ImportError:  # torch runs without numpy; so does everything here (rng_state() leaves it out)
     _np = None
 
 __all__ = ["CheckpointError", "Checkpointer", "rng_state", "set_rng_state"]
@@ -128,9 +127,6 @@ _NAME = re.compile(r"ckpt-(\d+)\.(pt|json)")
 _TEMP_PREFIX = ".ckpt-"
 _TEMP_SUFFIX = ".tmp"
 _READ_CHUNK = 4 << 20
-# Chunks smaller than this (zip headers, padding, the pickle) are copied for the hashing thread;
-# larger ones are handed over without a copy when they lie in the snapshot's own buffers.
-_DEFER_MIN = 4096
 # Values that deepcopy would return unchanged anyway: skip its bookkeeping.
 _IMMUTABLE = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -176,25 +172,6 @@ def _find_os_error(exc: BaseException | None) -> OSError | None:
 # --- snapshot ----------------------------------------------------------------------------------
 
 
-class _OwnedMemory:
-    """Address ranges of the snapshot's own CPU buffers: bytes in them stay put until the write ends."""
-
-    def __init__(self, ranges: list[tuple[int, int]]):
-        ranges.sort()
-        self._starts = [start for start, _ in ranges]
-        self._ends = [end for _, end in ranges]
-
-    def contains(self, view: memoryview) -> bool:
-        if _np is None or not self._starts:
-            return False
-        try:
-            address = _np.frombuffer(view, dtype=_np.uint8).ctypes.data
-        except (TypeError, ValueError):
-            return False
-        i = bisect.bisect_right(self._starts, address) - 1
-        return i >= 0 and address + view.nbytes <= self._ends[i]
-
-
 class _Snapshot:
     """A copy of a state that shares no memory with it; tensors on the CPU, in reusable buffers."""
 
@@ -202,15 +179,14 @@ class _Snapshot:
         self._spare_state = spare_state
         self._memo: dict[int, Any] = {}
         self._filled: set[int] = set()  # spare tensors already used in this snapshot: never fill one twice
-        self._ranges: list[tuple[int, int]] = []
         self._pending_devices: set[torch.device] = set()
 
-    def take(self, state: Any) -> tuple[Any, _OwnedMemory]:
+    def take(self, state: Any) -> Any:
         with torch.no_grad():
             copied = self._copy(state, self._spare_state)
         for device in self._pending_devices:
             torch.cuda.synchronize(device)  # the non-blocking copies must land before save() returns
-        return copied, _OwnedMemory(self._ranges)
+        return copied
 
     def _copy(self, obj: Any, spare: Any) -> Any:
         if isinstance(obj, _IMMUTABLE):
@@ -267,8 +243,6 @@ class _Snapshot:
         dst.copy_(t, non_blocking=non_blocking)
         if non_blocking:
             self._pending_devices.add(t.device)
-        storage = dst.untyped_storage()
-        self._ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
         return dst
 
 
@@ -287,81 +261,21 @@ def _empty_cpu_like(t: torch.Tensor) -> torch.Tensor:
 # --- writing -----------------------------------------------------------------------------------
 
 
-class _Sha256Pipe:
-    """sha256 of a byte stream, computed on its own thread so that it overlaps the write and fsync."""
-
-    def __init__(self, owned: _OwnedMemory):
-        self._owned = owned
-        self._hash = hashlib.sha256()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._aborted = False
-        self._thread = threading.Thread(target=self._run, name="trainpod-checkpoint-sha256", daemon=True)
-        self._thread.start()
-        self.size = 0
-
-    def feed(self, view: memoryview) -> None:
-        self.size += view.nbytes
-        # torch.save hands out views of its own buffers, valid only during the write call, except
-        # for the tensor data, which lies in the snapshot: that stays valid until the save is over.
-        if view.nbytes < _DEFER_MIN:
-            self._queue.put(bytes(view))
-        elif self._owned.contains(view):
-            self._queue.put(view)
-        else:
-            # Large and not ours (no numpy to tell): hash it before the view goes, rather than copy
-            # it, which could pile up a copy of the whole file if hashing falls behind.
-            done = threading.Event()
-            self._queue.put((view, done))
-            done.wait()
-
-    def _run(self) -> None:
-        item = None
-        try:
-            while True:
-                item = self._queue.get()
-                if item is None:
-                    return
-                if isinstance(item, tuple):
-                    if not self._aborted:
-                        self._hash.update(item[0])
-                    item[1].set()
-                elif not self._aborted:
-                    self._hash.update(item)
-        except BaseException as exc:
-            # A digest that missed a chunk would condemn a good checkpoint as corrupt: fail the save.
-            self._error = exc
-            self._aborted = True
-            while item is not None:
-                if isinstance(item, tuple):
-                    item[1].set()
-                item = self._queue.get()
-
-    def finish(self) -> str:
-        """The digest, once every byte fed so far is hashed."""
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise RuntimeError(f"hashing the checkpoint failed: {self._error}") from self._error
-        return self._hash.hexdigest()
-
-    def abort(self) -> None:
-        self._aborted = True
-        self._queue.put(None)
-        self._thread.join()
-
-
 class _HashingWriter:
-    """The file object torch.save writes to: bytes go to the file and to the sha256 pipe."""
+    """The file object torch.save writes to: each chunk goes into the sha256, then into the file."""
 
-    def __init__(self, file, pipe: _Sha256Pipe):
+    def __init__(self, file):
         self._file = file
-        self._pipe = pipe
+        self._hash = hashlib.sha256()
+        self.size = 0
         self.os_error: OSError | None = None  # torch.save may re-wrap it; the cause is kept here
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self._pipe.feed(view)  # first, so that hashing this chunk overlaps writing it
+        # Hashed here, in the writer thread: a second thread bought nothing measurable, as hashlib
+        # releases the GIL on large chunks and the training thread keeps running either way.
+        self._hash.update(view)
+        self.size += view.nbytes
         try:
             self._file.write(view)
         except OSError as exc:
@@ -376,12 +290,14 @@ class _HashingWriter:
             self.os_error = self.os_error or exc
             raise
 
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
 
 class _Job:
-    def __init__(self, step: int, state: Any, owned: _OwnedMemory):
+    def __init__(self, step: int, state: Any):
         self.step = step
         self.state = state
-        self.owned = owned
         self.os_error: OSError | None = None
 
 
@@ -437,12 +353,12 @@ class Checkpointer:
                 self._prepared = True
             spare, self._spare = self._spare, None
         try:
-            state_copy, owned = _Snapshot(spare).take(state)
+            state_copy = _Snapshot(spare).take(state)
         except Exception as exc:
             with self._cond:
                 self._spare = spare
             raise CheckpointError(f"checkpoint step {step} not saved: cannot copy the state ({type(exc).__name__}: {exc})") from exc
-        job = _Job(step, state_copy, owned)
+        job = _Job(step, state_copy)
         with self._cond:
             # Not a daemon: at interpreter exit the save in flight completes instead of vanishing.
             writer = threading.Thread(target=self._run, args=(job,), name="trainpod-checkpoint-writer", daemon=False)
@@ -564,22 +480,20 @@ class Checkpointer:
         data_path = directory / _data_name(job.step)
         manifest_path = directory / _manifest_name(job.step)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{data_path.name}.", suffix=_TEMP_SUFFIX)
-        pipe = _Sha256Pipe(job.owned)
         writer = None
         try:
             with open(fd, "wb") as f:
                 make_shareable(f.fileno())
-                writer = _HashingWriter(f, pipe)
+                writer = _HashingWriter(f)
                 torch.save(job.state, writer)
                 failpoints.hit("checkpoint-write", job.step, directory)
                 f.flush()
-                os.fsync(f.fileno())  # while the sha256 thread catches up
+                os.fsync(f.fileno())
                 size = os.fstat(f.fileno()).st_size
-            digest = pipe.finish()
-            if size != pipe.size:
-                raise OSError(errno.EIO, f"wrote {pipe.size} bytes but the file holds {size}")
+            digest = writer.hexdigest()
+            if size != writer.size:
+                raise OSError(errno.EIO, f"wrote {writer.size} bytes but the file holds {size}")
         except BaseException:
-            pipe.abort()
             if writer is not None:
                 job.os_error = writer.os_error
             with contextlib.suppress(OSError):

@@ -153,14 +153,34 @@ def test_reused_buffers_are_never_shared_by_two_tensors(tmp_path):
 
 
 
-def test_the_sha256_is_right_without_numpy_too(tmp_path, monkeypatch):
-    import trainpod.checkpoint as checkpoint
-
-    monkeypatch.setattr(checkpoint, "_np", None)  # then no chunk is handed over uncopied
-    with Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, {"big": torch.randn(300_000), "small": torch.ones(3)})
+def test_the_sha256_covers_every_byte_of_the_file(tmp_path):
+    # torch.save writes in chunks of every size: zip headers, padding, the pickle, tensors small and
+    # large (one not contiguous); the manifest's digest and size are those of the whole file.
+    state = {"big": torch.randn(300_000), "small": torch.ones(3), "empty": torch.empty(0),
+             "strided": torch.arange(4096.0).view(64, 64).t(), "bytes": bytes(range(256)), "text": "x" * 10_000}
+    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
+        ckpt.save(1, state)
     manifest = json.loads((tmp_path / manifest_name(1)).read_text())
-    assert manifest["sha256"] == hashlib.sha256((tmp_path / data_name(1)).read_bytes()).hexdigest()
+    data = (tmp_path / data_name(1)).read_bytes()
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest() and manifest["size"] == len(data)
+    (step, loaded), _ = load(tmp_path)
+    assert step == 1 and all(torch.equal(loaded[k], state[k]) for k in ("big", "small", "empty", "strided"))
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_flipped_byte_anywhere_in_the_file_is_caught(tmp_path, where):
+    save_steps(tmp_path, [1, 2])
+    path = tmp_path / data_name(2)
+    data = bytearray(path.read_bytes())
+    data[0 if where == "first" else -1] ^= 0x01  # the middle: test_a_flipped_byte_is_reported_as_a_sha256_mismatch
+    path.write_bytes(bytes(data))
+    (step, _), lines = load(tmp_path)
+    assert step == 1
+    assert [line for line in lines if line.startswith("skipping")] == [
+        f"skipping {path}: corrupt (sha256 mismatch: {hashlib.sha256(data).hexdigest()[:12]}..., its manifest says "
+        f"{json.loads((tmp_path / manifest_name(2)).read_text())['sha256'][:12]}...)"
+    ]
+
 
 def test_many_quick_saves_complete_in_order_and_keep_the_last_k(tmp_path):
     save_steps(tmp_path, range(1, 21), keep=3)
@@ -330,11 +350,12 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk)
 # --- kills and exits: child processes -------------------------------------------------------------
 
 # One interpreter imports torch once (2 s here) and forks a child per command: "loop DIR" saves in a
-# loop until it is killed, "exit DIR" saves and ends the interpreter without wait().
+# loop until it is killed, "exit DIR" saves and ends the interpreter without wait(), "fsize DIR"
+# saves under a file size limit (RLIMIT_FSIZE: a real write error without root).
 ZYGOTE = r"""
-import os, sys
+import os, resource, signal, sys
 import torch
-from trainpod.checkpoint import Checkpointer
+from trainpod.checkpoint import Checkpointer, CheckpointError
 
 def loop(directory):
     ckpt = Checkpointer(directory, keep=2, log=lambda line: None)
@@ -356,11 +377,24 @@ def exit_without_wait(directory):
     print("saved", flush=True)
     sys.exit(0)  # the interpreter's normal exit, in the child
 
+def file_too_large(directory):
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    ckpt = Checkpointer(directory, log=lambda line: print("log", line, flush=True))
+    ckpt.save(1, {"w": torch.ones(1_000_000)})  # 4 MB past a 1 MiB limit
+    for call in (ckpt.wait, ckpt.wait, lambda: ckpt.save(2, {"w": torch.ones(10)}), ckpt.close):
+        try:
+            call()
+            print("ok", flush=True)
+        except CheckpointError as exc:
+            print("raised", exc, flush=True)
+    sys.exit(0)
+
 for line in sys.stdin:
     command, directory = line.split()
     pid = os.fork()
     if pid == 0:
-        {"loop": loop, "exit": exit_without_wait}[command](directory)
+        {"loop": loop, "exit": exit_without_wait, "fsize": file_too_large}[command](directory)
     print(f"pid {pid}", flush=True)
     _, status = os.waitpid(pid, 0)
     print(f"reaped {status}", flush=True)
@@ -381,6 +415,15 @@ class Zygote:
     def send(self, line):
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+
+    def lines_until(self, prefix, timeout=60):
+        """Every line up to and including the first that starts with prefix."""
+        lines = []
+        while not lines or not (lines[-1] == prefix or lines[-1].startswith(prefix + " ")):
+            line = self.lines.get(timeout=timeout)
+            assert line is not None, f"the zygote ended (exit code {self.proc.wait()})"
+            lines.append(line)
+        return lines
 
     def expect(self, *prefixes, timeout=60):
         """The lines that start with each prefix, in whatever order they come."""
@@ -440,6 +483,17 @@ def test_a_save_in_flight_completes_at_interpreter_exit(tmp_path, zygote):
     assert os.WIFEXITED(int(status)) and os.WEXITSTATUS(int(status)) == 0
     (step, state), _ = load(tmp_path)
     assert step == 7 and torch.all(state["payload"] == 7.0)
+
+
+def test_a_write_error_is_raised_once_naming_the_os_error(tmp_path, zygote):
+    zygote.send(f"fsize {tmp_path}")
+    *lines, reaped = [line for line in zygote.lines_until("reaped") if not line.startswith("pid ")]
+    status = int(reaped.split()[1])
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    error = f"could not save checkpoint step 1 in {tmp_path} ({data_name(1)}): File too large"
+    # torch.save re-wraps the failed write in its own RuntimeError; the OS error is what is reported.
+    assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok"]
+    assert sorted(os.listdir(tmp_path)) == sorted([data_name(2), manifest_name(2)])  # no temporary file left
 
 
 # --- RNG ----------------------------------------------------------------------------------------
