@@ -35,11 +35,11 @@ GB/s, depending on the CPU). A file that matches its sha256 but that torch.load 
 damage but a mismatch with this environment (an older torch, a class that no longer imports): that
 raises CheckpointError instead of quietly starting over. Tensors are loaded onto the CPU; the load
 is tried with weights_only=True first, which reads model, optimizer, scheduler and scaler state
-and everything rng_state() returns (it stores the numpy state as a tensor for this reason). State
-that holds other objects (an argparse.Namespace, a numpy array) needs the full unpickler, and
-since "any dict that torch.save accepts" is the contract, the load then falls back to
-weights_only=False. That runs pickle on the file: fine for a directory only your own jobs write,
-as the sha256 check does not make it safe against someone who can write both files.
+and everything trainpod.rng.rng_state() returns (it stores the numpy state as a tensor for this
+reason). State that holds other objects (an argparse.Namespace, a numpy array) needs the full
+unpickler, and since "any dict that torch.save accepts" is the contract, the load then falls back
+to weights_only=False. That runs pickle on the file: fine for a directory only your own jobs
+write, as the sha256 check does not make it safe against someone who can write both files.
 
 Saving without stalling. save() waits for the previous save's write to finish (at most one write
 is in flight, so checkpointing needs host memory for one copy of the state and saves complete in
@@ -49,8 +49,8 @@ its model as soon as save() returns. The snapshot's buffers are kept and reused 
 whenever a tensor has the same shape, dtype and strides, so a save costs a memcpy, not a fresh
 allocation and its page faults; close() releases them. GPU tensors go into pinned buffers. The
 background thread streams torch.save into the temporary file and feeds each chunk to the sha256
-just before writing it, so the digest is of the bytes as written and no byte is read twice;
-hashlib releases the GIL on large chunks, so the training thread runs on meanwhile.
+just before writing it, so the digest is that of the bytes as written; hashlib releases the GIL on
+large chunks, so the training thread runs on meanwhile.
 
 Interpreter exit. The writer thread is not a daemon: a script that ends (or dies of an exception)
 with a save in flight still finishes that save before the process exits. A failure then is
@@ -62,6 +62,8 @@ rank may load from it. Leftovers of an interrupted save (temporary files, data w
 are removed by the writer before its first save, not by constructing a Checkpointer, so a rank
 that only loads never deletes a file rank 0 is writing. This module makes no torch.distributed
 calls; a DDP script does this (the RNG states of every rank go into rank 0's checkpoint):
+
+    from trainpod.rng import rng_state, set_rng_state
 
     ckpt = Checkpointer(args.checkpoint_dir, keep=args.keep)          # every rank, shared directory
     start = 0
@@ -98,7 +100,6 @@ import json
 import operator
 import os
 import pickle
-import random
 import re
 import sys
 import tempfile
@@ -112,12 +113,7 @@ from trainpod import failpoints
 from trainpod.atomic import fsync_dir, make_shareable, write_bytes_atomic
 from trainpod.errors import TrainpodError
 
-try:
-    import numpy as _np
-except ImportError:  # torch runs without numpy; so does everything here (rng_state() leaves it out)
-    _np = None
-
-__all__ = ["CheckpointError", "Checkpointer", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointError", "Checkpointer"]
 
 FORMAT = "trainpod-checkpoint"
 VERSION = 1
@@ -637,48 +633,3 @@ def _torch_load(f, path: Path) -> Any:
         raise CheckpointError(
             f"{path} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-# --- RNG state ---------------------------------------------------------------------------------
-
-
-def rng_state() -> dict:
-    """This process's random number generator states: python, torch CPU, CUDA (current device), numpy.
-
-    CUDA's is included only once CUDA is initialised (reading it would otherwise create a context),
-    numpy's only if numpy imports. Everything in it loads with torch.load(weights_only=True).
-    """
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    if _np is not None:
-        np_state = _np.random.get_state(legacy=False)
-        if np_state["bit_generator"] == "MT19937":
-            state["numpy"] = {
-                "key": torch.from_numpy(np_state["state"]["key"].astype(_np.int64)),
-                "pos": int(np_state["state"]["pos"]),
-                "has_gauss": int(np_state["has_gauss"]),
-                "gauss": float(np_state["gauss"]),
-            }
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what rng_state() returned; generators it does not name (or cannot here) are left alone."""
-    if "python" in state:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-    if "torch" in state:
-        torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"].cpu())
-    if "numpy" in state and _np is not None:
-        s = state["numpy"]
-        _np.random.set_state(
-            {
-                "bit_generator": "MT19937",
-                "state": {"key": s["key"].cpu().numpy().astype(_np.uint32), "pos": int(s["pos"])},
-                "has_gauss": int(s["has_gauss"]),
-                "gauss": float(s["gauss"]),
-            }
-        )

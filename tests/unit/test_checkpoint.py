@@ -16,7 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainpod.checkpoint import Checkpointer, CheckpointError, rng_state, set_rng_state  # noqa: E402
+from fixtures.states import assert_same, training_state  # noqa: E402
+from trainpod.checkpoint import Checkpointer, CheckpointError  # noqa: E402
 
 
 def data_name(step):
@@ -32,48 +33,6 @@ def unavailable(reason):
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def assert_same(actual, expected, path="state"):
-    """Equal values of equal types; tensors bit for bit, with dtype and shape."""
-    assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
-    if isinstance(expected, torch.Tensor):
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape, path
-        assert torch.equal(actual.cpu().view(-1).view(torch.uint8), expected.cpu().view(-1).view(torch.uint8)), path
-    elif isinstance(expected, dict):
-        assert list(actual) == list(expected), path
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), path
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_same(a, e, f"{path}[{i}]")
-    else:
-        assert actual == expected, path
-
-
-def training_state(seed=0):
-    """What a real run checkpoints: model with buffers, SGD with momentum, scheduler, scaler, RNG."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    for _ in range(3):
-        optimizer.zero_grad()
-        model(torch.randn(32, 8)).pow(2).mean().backward()
-        optimizer.step()
-        scheduler.step()
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7},
-        "rng": [rng_state(), rng_state()],
-        "epoch": 3,
-        "losses": [0.9, 0.5, 0.25],
-        "shape": (3, 32, 32),
-    }
-    return model, optimizer, state
 
 
 def save_steps(directory, steps, keep=3):
@@ -494,32 +453,3 @@ def test_a_write_error_is_raised_once_naming_the_os_error(tmp_path, zygote):
     # torch.save re-wraps the failed write in its own RuntimeError; the OS error is what is reported.
     assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok"]
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(2), manifest_name(2)])  # no temporary file left
-
-
-# --- RNG ----------------------------------------------------------------------------------------
-
-
-def draws():
-    import numpy as np
-
-    return [random.random() for _ in range(3)], torch.rand(3), np.random.rand(3).tolist(), torch.randn(2)
-
-
-def test_rng_state_round_trip_reproduces_the_same_draws(tmp_path):
-    pytest.importorskip("numpy")
-    random.seed(1)
-    torch.manual_seed(2)
-    __import__("numpy").random.seed(3)
-    draws()
-    saved = rng_state()
-    expected = draws()
-    draws()  # move on, as training would
-
-    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
-        ckpt.save(1, {"rng": saved})
-    _, state = ckpt.load_latest()
-    set_rng_state(state["rng"])
-    assert_same(draws(), expected)
-    set_rng_state(saved)  # and straight from memory
-    assert_same(draws(), expected)
-

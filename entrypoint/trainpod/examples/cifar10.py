@@ -33,11 +33,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset
 
 from trainpod import distributed
-from trainpod.checkpoint import Checkpointer, rng_state, set_rng_state
+from trainpod.checkpoint import Checkpointer
 from trainpod.errors import ConfigError
 from trainpod.examples import reporting
 from trainpod.examples.cifar_data import CifarFormatError, find_batches_dir, load_cifar10, synthetic_cifar10
 from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
+from trainpod.rng import rng_state, set_rng_state
 from trainpod.samplers import ResumableDistributedSampler
 
 EXAMPLE = "cifar10-ddp"

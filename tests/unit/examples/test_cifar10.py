@@ -11,9 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainpod.checkpoint import Checkpointer, rng_state  # noqa: E402
+from trainpod.checkpoint import Checkpointer  # noqa: E402
 from trainpod.examples import cifar10  # noqa: E402
 from trainpod.preemption import EXIT_CODE, GRACE_VAR  # noqa: E402
+from trainpod.rng import rng_state  # noqa: E402
 from trainpod.samplers import ResumableDistributedSampler  # noqa: E402
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")
