@@ -87,20 +87,18 @@ Every rank reads the directory on its own, so on a shared file system a rank cou
 newest checkpoint (a late-arriving file, damage seen by one host only); checking that all ranks
 resumed from the same step (all_gather the step) turns that into an error instead of a silent
 divergence.
+
+The code: this module holds the API, the writer thread and the order of a save's steps;
+snapshot.py the copy save() takes; files.py the names, the manifest and the verified read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import datetime
 import errno
 import hashlib
-import json
 import operator
 import os
-import pickle
-import re
 import sys
 import tempfile
 import threading
@@ -110,33 +108,18 @@ from typing import Any, Callable
 import torch
 
 from trainpod import failpoints
-from trainpod.atomic import fsync_dir, make_shareable, write_bytes_atomic
+from trainpod.atomic import fsync_dir, make_shareable
+from trainpod.checkpoint import files
+from trainpod.checkpoint.snapshot import Snapshot
 from trainpod.errors import TrainpodError
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
-FORMAT = "trainpod-checkpoint"
-VERSION = 1
 LOG_PREFIX = "trainpod.checkpoint: "
-
-_NAME = re.compile(r"ckpt-(\d+)\.(pt|json)")
-_TEMP_PREFIX = ".ckpt-"
-_TEMP_SUFFIX = ".tmp"
-_READ_CHUNK = 4 << 20
-# Values that deepcopy would return unchanged anyway: skip its bookkeeping.
-_IMMUTABLE = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
 class CheckpointError(TrainpodError):
     """A checkpoint could not be saved (or a verified one not loaded); the message is one line."""
-
-
-def _data_name(step: int) -> str:
-    return f"ckpt-{step:08d}.pt"
-
-
-def _manifest_name(step: int) -> str:
-    return f"ckpt-{step:08d}.json"
 
 
 def _default_log(message: str) -> None:
@@ -163,95 +146,6 @@ def _find_os_error(exc: BaseException | None) -> OSError | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-# --- snapshot ----------------------------------------------------------------------------------
-
-
-class _Snapshot:
-    """A copy of a state that shares no memory with it; tensors on the CPU, in reusable buffers."""
-
-    def __init__(self, spare_state: Any = None):
-        self._spare_state = spare_state
-        self._memo: dict[int, Any] = {}
-        self._filled: set[int] = set()  # spare tensors already used in this snapshot: never fill one twice
-        self._pending_devices: set[torch.device] = set()
-
-    def take(self, state: Any) -> Any:
-        with torch.no_grad():
-            copied = self._copy(state, self._spare_state)
-        for device in self._pending_devices:
-            torch.cuda.synchronize(device)  # the non-blocking copies must land before save() returns
-        return copied
-
-    def _copy(self, obj: Any, spare: Any) -> Any:
-        if isinstance(obj, _IMMUTABLE):
-            return obj
-        key = id(obj)
-        if key in self._memo:  # the same object twice (tied weights): one copy, as torch.save would
-            return self._memo[key]
-        if isinstance(obj, torch.Tensor):
-            new = self._tensor(obj, spare)
-        elif isinstance(obj, dict):
-            # copy.copy keeps the type, order, a defaultdict's factory and attributes such as the
-            # _metadata of a state_dict (load_state_dict reads versions from it); values replaced below.
-            new = copy.copy(obj)
-            self._memo[key] = new
-            spare_is_dict = isinstance(spare, dict)
-            for k, v in obj.items():
-                new[k] = self._copy(v, spare.get(k) if spare_is_dict else None)
-            for name, value in getattr(obj, "__dict__", {}).items():
-                setattr(new, name, self._copy(value, None))
-            return new
-        elif type(obj) is list:
-            new = []
-            self._memo[key] = new
-            new.extend(self._copy(v, _item(spare, i)) for i, v in enumerate(obj))
-            return new
-        elif type(obj) is tuple:
-            new = tuple(self._copy(v, _item(spare, i)) for i, v in enumerate(obj))
-        elif isinstance(obj, tuple) and hasattr(type(obj), "_make"):  # a namedtuple
-            new = type(obj)._make(self._copy(v, _item(spare, i)) for i, v in enumerate(obj))
-        else:
-            return copy.deepcopy(obj, self._memo)
-        self._memo[key] = new
-        return new
-
-    def _tensor(self, tensor: torch.Tensor, spare: Any) -> torch.Tensor:
-        t = tensor.detach()
-        if t.device.type == "meta":
-            return t.clone()
-        if t.layout != torch.strided or t.is_quantized or type(t) is not torch.Tensor:
-            return t.to("cpu", copy=True)  # rare kinds: plain copy, no buffer reuse
-        if (
-            isinstance(spare, torch.Tensor)
-            and id(spare) not in self._filled
-            and spare.device.type == "cpu"
-            and spare.dtype == t.dtype
-            and spare.shape == t.shape
-            and spare.stride() == t.stride()
-        ):
-            dst = spare
-        else:
-            dst = _empty_cpu_like(t)
-        self._filled.add(id(dst))
-        non_blocking = t.is_cuda and dst.is_pinned()
-        dst.copy_(t, non_blocking=non_blocking)
-        if non_blocking:
-            self._pending_devices.add(t.device)
-        return dst
-
-
-def _item(spare: Any, i: int) -> Any:
-    return spare[i] if isinstance(spare, (list, tuple)) and i < len(spare) else None
-
-
-def _empty_cpu_like(t: torch.Tensor) -> torch.Tensor:
-    if t.is_cuda:
-        # Pinned memory makes the device-to-host copy fast and lets it run without blocking.
-        with contextlib.suppress(RuntimeError):
-            return torch.empty_like(t, device="cpu", pin_memory=True)
-    return torch.empty_like(t, device="cpu")
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -349,7 +243,7 @@ class Checkpointer:
                 self._prepared = True
             spare, self._spare = self._spare, None
         try:
-            state_copy = _Snapshot(spare).take(state)
+            state_copy = Snapshot(spare).take(state)
         except Exception as exc:
             with self._cond:
                 self._spare = spare
@@ -394,14 +288,14 @@ class Checkpointer:
             names = []
         except OSError as exc:
             raise CheckpointError(f"cannot read the checkpoint directory {self.directory}: {exc.strerror}") from exc
-        data_steps, manifest_steps = _listed_steps(names)
+        data_steps, manifest_steps = files.listed_steps(names)
         for step in sorted(data_steps | manifest_steps, reverse=True):
             if step not in manifest_steps:
-                self._log(f"ignoring {self.directory / _data_name(step)}: no manifest (its save did not finish)")
+                self._log(f"ignoring {self.directory / files.data_name(step)}: no manifest (its save did not finish)")
                 continue
             loaded = self._load(step)
             if loaded is not None:
-                self._log(f"resuming from step {step} ({self.directory / _data_name(step)})")
+                self._log(f"resuming from step {step} ({self.directory / files.data_name(step)})")
                 return step, loaded[0]
         self._log(f"no checkpoint in {self.directory}: starting fresh")
         return None
@@ -424,16 +318,14 @@ class Checkpointer:
             names = os.listdir(self.directory)
         except OSError as exc:
             raise CheckpointError(f"cannot use the checkpoint directory {self.directory}: {exc.strerror}") from exc
-        data_steps, manifest_steps = _listed_steps(names)
-        leftovers = [n for n in names if n.startswith(_TEMP_PREFIX) and n.endswith(_TEMP_SUFFIX)]
-        leftovers += [_data_name(step) for step in sorted(data_steps - manifest_steps)]
         removed = 0
-        for name in leftovers:
+        for name in files.leftovers(names):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / name)
                 removed += 1
         if removed:
             self._log(f"removed {removed} leftover file(s) of interrupted saves from {self.directory}")
+        _, manifest_steps = files.listed_steps(names)
         if manifest_steps and max(manifest_steps) > step:
             # Most likely a directory reused from another run: its checkpoints would win on resume.
             self._log(
@@ -467,15 +359,40 @@ class Checkpointer:
     def _failure(self, job: _Job, exc: BaseException) -> CheckpointError:
         cause = job.os_error or _find_os_error(exc)
         reason = (cause.strerror or str(cause)) if cause is not None else f"{type(exc).__name__}: {exc}"
-        error = CheckpointError(f"could not save checkpoint step {job.step} in {self.directory} ({_data_name(job.step)}): {reason}")
+        error = CheckpointError(f"could not save checkpoint step {job.step} in {self.directory} ({files.data_name(job.step)}): {reason}")
         error.__cause__ = cause or exc
         return error
 
     def _write(self, job: _Job) -> None:
+        """Data to a temporary file, fsync, rename, fsync the directory; then the manifest the same way."""
+        tmp, size, digest = self._write_temp(job)
+        data_path = self.directory / files.data_name(job.step)
+        manifest_path = self.directory / files.manifest_name(job.step)
+        if manifest_path.exists():
+            # Saving a step again: uncommit the old one before its data is replaced, so that a crash
+            # in between cannot leave the old manifest next to the new bytes.
+            os.unlink(manifest_path)
+            fsync_dir(self.directory)
+        try:
+            os.replace(tmp, data_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        try:
+            # The data's new name must be durable before the manifest that points at it is.
+            fsync_dir(self.directory)
+            files.write_manifest(self.directory, job.step, size, digest)
+        except BaseException:
+            # Uncommitted data is no checkpoint; remove it so that a full disk gets its space back.
+            with contextlib.suppress(OSError):
+                os.unlink(data_path)
+            raise
+
+    def _write_temp(self, job: _Job) -> tuple[str, int, str]:
+        """torch.save into a temporary file, fsynced: (its path, its size, its sha256)."""
         directory = self.directory
-        data_path = directory / _data_name(job.step)
-        manifest_path = directory / _manifest_name(job.step)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{data_path.name}.", suffix=_TEMP_SUFFIX)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{files.data_name(job.step)}.", suffix=files.TEMP_SUFFIX)
         writer = None
         try:
             with open(fd, "wb") as f:
@@ -486,7 +403,6 @@ class Checkpointer:
                 f.flush()
                 os.fsync(f.fileno())
                 size = os.fstat(f.fileno()).st_size
-            digest = writer.hexdigest()
             if size != writer.size:
                 raise OSError(errno.EIO, f"wrote {writer.size} bytes but the file holds {size}")
         except BaseException:
@@ -495,48 +411,19 @@ class Checkpointer:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        if manifest_path.exists():
-            # Saving a step again: uncommit the old one before its data is replaced, so that a crash
-            # in between cannot leave the old manifest next to the new bytes.
-            os.unlink(manifest_path)
-            fsync_dir(directory)
-        try:
-            os.replace(tmp, data_path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        try:
-            # The data's new name must be durable before the manifest that points at it is.
-            fsync_dir(directory)
-            manifest = {
-                "format": FORMAT,
-                "version": VERSION,
-                "step": job.step,
-                "file": data_path.name,
-                "size": size,
-                "sha256": digest,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "torch": torch.__version__,
-            }
-            write_bytes_atomic(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode(), temp_suffix=_TEMP_SUFFIX)
-        except BaseException:
-            # Uncommitted data is no checkpoint; remove it so that a full disk gets its space back.
-            with contextlib.suppress(OSError):
-                os.unlink(data_path)
-            raise
+        return tmp, size, writer.hexdigest()
 
     def _retain(self, newest: int) -> None:
         try:
-            _, manifest_steps = _listed_steps(os.listdir(self.directory))
+            _, manifest_steps = files.listed_steps(os.listdir(self.directory))
             old = sorted(manifest_steps, reverse=True)[self.keep :]
             for step in old:
                 if step == newest:
                     continue
                 # Manifest first: a crash in between leaves data without a manifest, which is no
                 # checkpoint and is cleaned up later, never a manifest that names a missing file.
-                (self.directory / _manifest_name(step)).unlink(missing_ok=True)
-                (self.directory / _data_name(step)).unlink(missing_ok=True)
+                (self.directory / files.manifest_name(step)).unlink(missing_ok=True)
+                (self.directory / files.data_name(step)).unlink(missing_ok=True)
         except OSError as exc:
             # The new checkpoint is committed; failing it now would be wrong. Say so once.
             self._log(f"could not delete old checkpoints in {self.directory}: {exc.strerror or exc}")
@@ -544,92 +431,16 @@ class Checkpointer:
     # --- loading ---
 
     def _load(self, step: int) -> tuple[Any] | None:
-        manifest_path = self.directory / _manifest_name(step)
-        data_path = self.directory / _data_name(step)
         try:
-            manifest = _read_manifest(manifest_path, step)
-        except (OSError, ValueError) as exc:
-            self._log(f"skipping {manifest_path}: unreadable manifest ({exc})")
-            return None
-        try:
-            f = open(data_path, "rb")  # noqa: SIM115 (closed by the `with f` below)
-        except FileNotFoundError:
-            self._log(f"skipping {data_path}: missing, though its manifest names it")
-            return None
-        except OSError as exc:
-            self._log(f"skipping {data_path}: cannot open it ({exc.strerror})")
+            f = files.open_verified(self.directory, step)
+        except files.Damaged as exc:
+            self._log(f"skipping {exc}")
             return None
         with f:
-            size, expected_size = os.fstat(f.fileno()).st_size, manifest["size"]
-            if size != expected_size:
-                what = "truncated" if size < expected_size else "size mismatch"
-                self._log(f"skipping {data_path}: {what} ({size} bytes, its manifest says {expected_size})")
-                return None
             try:
-                digest = _sha256_file(f)
-            except OSError as exc:
-                self._log(f"skipping {data_path}: cannot read it ({exc.strerror})")
-                return None
-            expected_digest = manifest["sha256"]
-            if digest != expected_digest:
-                self._log(f"skipping {data_path}: corrupt (sha256 mismatch: {digest[:12]}..., its manifest says {expected_digest[:12]}...)")
-                return None
-            return (_torch_load(f, data_path),)
-
-
-def _listed_steps(names: list[str]) -> tuple[set[int], set[int]]:
-    """The steps that have a data file and those that have a manifest, by canonical name only."""
-    data, manifests = set(), set()
-    for name in names:
-        match = _NAME.fullmatch(name)
-        if not match:
-            continue
-        step = int(match.group(1))
-        if match.group(2) == "pt" and name == _data_name(step):
-            data.add(step)
-        elif match.group(2) == "json" and name == _manifest_name(step):
-            manifests.add(step)
-    return data, manifests
-
-
-def _read_manifest(path: Path, step: int) -> dict:
-    with open(path, "rb") as f:
-        manifest = json.loads(f.read().decode())
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} manifest")
-    if manifest.get("version") != VERSION:
-        raise ValueError(f"format version {manifest.get('version')!r}, this trainpod reads {VERSION}")
-    if manifest.get("step") != step or manifest.get("file") != _data_name(step):
-        raise ValueError(f"it describes step {manifest.get('step')!r}, file {manifest.get('file')!r}")
-    size, digest = manifest.get("size"), manifest.get("sha256")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(f"bad size {size!r}")
-    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise ValueError(f"bad sha256 {digest!r}")
-    return manifest
-
-
-def _sha256_file(f) -> str:
-    h = hashlib.sha256()
-    buffer = bytearray(_READ_CHUNK)
-    view = memoryview(buffer)
-    while True:
-        n = f.readinto(buffer)
-        if not n:
-            return h.hexdigest()
-        h.update(view[:n])
-
-
-def _torch_load(f, path: Path) -> Any:
-    try:
-        f.seek(0)
-        try:
-            return torch.load(f, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # Objects outside torch's allowlist (see the module docstring for why this is acceptable).
-            f.seek(0)
-            return torch.load(f, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(
-            f"{path} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {exc}"
-        ) from exc
+                return (files.torch_load(f),)
+            except Exception as exc:
+                # Not damage (the bytes are those written) but a mismatch with this environment.
+                raise CheckpointError(
+                    f"{f.name} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {exc}"
+                ) from exc
