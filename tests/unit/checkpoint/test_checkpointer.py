@@ -1,5 +1,5 @@
-import argparse
-import copy
+"""The Checkpointer: saves in the background, in order, keep K, one-line errors, kills and exits."""
+
 import hashlib
 import json
 import os
@@ -16,16 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fixtures.checkpoints import data_name, load, manifest_name, save_steps  # noqa: E402
 from fixtures.states import assert_same, training_state  # noqa: E402
 from trainpod.checkpoint import Checkpointer, CheckpointError  # noqa: E402
-
-
-def data_name(step):
-    return f"ckpt-{step:08d}.pt"
-
-
-def manifest_name(step):
-    return f"ckpt-{step:08d}.json"
 
 
 def unavailable(reason):
@@ -33,17 +26,6 @@ def unavailable(reason):
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def save_steps(directory, steps, keep=3):
-    with Checkpointer(directory, keep=keep, log=lambda line: None) as ckpt:
-        for step in steps:
-            ckpt.save(step, {"step": step, "value": torch.full((64,), float(step))})
-
-
-def load(directory):
-    lines = []
-    return Checkpointer(directory, log=lines.append).load_latest(), lines
 
 
 # --- round trip ---------------------------------------------------------------------------------
@@ -73,74 +55,6 @@ def test_round_trip_of_a_training_state_is_bit_identical(tmp_path):
     torch.load(tmp_path / data_name(120), weights_only=True)
 
 
-def test_state_beyond_the_weights_only_allowlist_still_loads(tmp_path):
-    state = {"args": argparse.Namespace(lr=0.1, name="run"), "w": torch.ones(3)}
-    with Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, state)
-    step, loaded = load(tmp_path)[0]
-    assert loaded["args"] == state["args"]
-
-
-def test_the_caller_may_change_its_model_as_soon_as_save_returns(tmp_path):
-    model = torch.nn.Linear(256, 256)
-    before = copy.deepcopy(model.state_dict())
-    ckpt = Checkpointer(tmp_path, keep=2, log=lambda line: None)
-    ckpt.save(1, {"model": model.state_dict()})
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    after = copy.deepcopy(model.state_dict())
-    ckpt.save(2, {"model": model.state_dict()})  # copies into the first snapshot's buffers
-    with torch.no_grad():
-        model.weight.zero_()
-    ckpt.close()
-
-    assert_same(torch.load(tmp_path / data_name(1), weights_only=True)["model"], before)
-    assert_same(torch.load(tmp_path / data_name(2), weights_only=True)["model"], after)
-
-
-def test_reused_buffers_are_never_shared_by_two_tensors(tmp_path):
-    tied = torch.arange(16.0)
-    ckpt = Checkpointer(tmp_path, keep=2, log=lambda line: None)
-    ckpt.save(1, {"a": tied, "b": tied})  # tied weights: one tensor under two names
-    ckpt.save(2, {"a": torch.zeros(16), "b": torch.ones(16)})  # same shapes, now distinct
-    ckpt.close()
-    first = torch.load(tmp_path / data_name(1), weights_only=True)
-    second = torch.load(tmp_path / data_name(2), weights_only=True)
-    assert first["a"].data_ptr() == first["b"].data_ptr()  # still tied, as torch.save keeps them
-    assert torch.equal(second["a"], torch.zeros(16)) and torch.equal(second["b"], torch.ones(16))
-
-
-
-def test_the_sha256_covers_every_byte_of_the_file(tmp_path):
-    # torch.save writes in chunks of every size: zip headers, padding, the pickle, tensors small and
-    # large (one not contiguous); the manifest's digest and size are those of the whole file.
-    state = {"big": torch.randn(300_000), "small": torch.ones(3), "empty": torch.empty(0),
-             "strided": torch.arange(4096.0).view(64, 64).t(), "bytes": bytes(range(256)), "text": "x" * 10_000}
-    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
-        ckpt.save(1, state)
-    manifest = json.loads((tmp_path / manifest_name(1)).read_text())
-    data = (tmp_path / data_name(1)).read_bytes()
-    assert manifest["sha256"] == hashlib.sha256(data).hexdigest() and manifest["size"] == len(data)
-    (step, loaded), _ = load(tmp_path)
-    assert step == 1 and all(torch.equal(loaded[k], state[k]) for k in ("big", "small", "empty", "strided"))
-
-
-@pytest.mark.parametrize("where", ["first", "last"])
-def test_a_flipped_byte_anywhere_in_the_file_is_caught(tmp_path, where):
-    save_steps(tmp_path, [1, 2])
-    path = tmp_path / data_name(2)
-    data = bytearray(path.read_bytes())
-    data[0 if where == "first" else -1] ^= 0x01  # the middle: test_a_flipped_byte_is_reported_as_a_sha256_mismatch
-    path.write_bytes(bytes(data))
-    (step, _), lines = load(tmp_path)
-    assert step == 1
-    assert [line for line in lines if line.startswith("skipping")] == [
-        f"skipping {path}: corrupt (sha256 mismatch: {hashlib.sha256(data).hexdigest()[:12]}..., its manifest says "
-        f"{json.loads((tmp_path / manifest_name(2)).read_text())['sha256'][:12]}...)"
-    ]
-
-
 def test_many_quick_saves_complete_in_order_and_keep_the_last_k(tmp_path):
     save_steps(tmp_path, range(1, 21), keep=3)
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(s) for s in (18, 19, 20)] + [manifest_name(s) for s in (18, 19, 20)])
@@ -156,7 +70,6 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     assert (step, state) == (5, {"v": 2})
 
 
-
 def test_a_directory_with_later_steps_is_noted_and_the_new_checkpoint_kept(tmp_path):
     save_steps(tmp_path, [100, 200], keep=1)  # keep=1: only 200 is left
     lines = []
@@ -165,86 +78,6 @@ def test_a_directory_with_later_steps_is_noted_and_the_new_checkpoint_kept(tmp_p
     assert lines == [f"note: {tmp_path} holds a checkpoint of step 200, later than this save's step 5; "
                      "load_latest() takes the highest step that verifies"]
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(s) for s in (5, 200)] + [manifest_name(s) for s in (5, 200)])
-
-# --- verified load ------------------------------------------------------------------------------
-
-
-def test_a_truncated_newest_checkpoint_is_reported_and_skipped(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    path = tmp_path / data_name(2)
-    os.truncate(path, path.stat().st_size // 2)
-    (step, state), lines = load(tmp_path)
-    assert step == 1 and state["step"] == 1
-    skipped = [line for line in lines if line.startswith("skipping")]
-    assert len(skipped) == 1 and str(path) in skipped[0] and "truncated" in skipped[0]
-
-
-def test_a_flipped_byte_is_reported_as_a_sha256_mismatch(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    path = tmp_path / data_name(2)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-    (step, _), lines = load(tmp_path)
-    assert step == 1
-    skipped = [line for line in lines if line.startswith("skipping")]
-    assert len(skipped) == 1 and str(path) in skipped[0] and "sha256" in skipped[0]
-
-
-def test_data_without_a_manifest_is_not_a_checkpoint(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    (tmp_path / manifest_name(2)).unlink()
-    (step, _), lines = load(tmp_path)
-    assert step == 1
-    assert not [line for line in lines if line.startswith("skipping")]
-
-
-def test_an_unreadable_manifest_is_reported_and_skipped(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    (tmp_path / manifest_name(2)).write_text('{"format": "trainpod-checkpoint", "vers')
-    (step, _), lines = load(tmp_path)
-    assert step == 1
-    skipped = [line for line in lines if line.startswith("skipping")]
-    assert len(skipped) == 1 and manifest_name(2) in skipped[0] and "unreadable manifest" in skipped[0]
-
-
-def test_with_no_good_checkpoint_it_starts_fresh_and_says_so(tmp_path):
-    assert load(tmp_path / "never-created") == (None, [f"no checkpoint in {tmp_path / 'never-created'}: starting fresh"])
-    save_steps(tmp_path, [1, 2])
-    for step in (1, 2):
-        os.truncate(tmp_path / data_name(step), 10)
-    result, lines = load(tmp_path)
-    assert result is None
-    assert len([line for line in lines if line.startswith("skipping")]) == 2
-    assert lines[-1] == f"no checkpoint in {tmp_path}: starting fresh"
-
-
-def test_a_verified_file_that_torch_cannot_load_is_an_error_not_a_fresh_start(tmp_path):
-    save_steps(tmp_path, [1])
-    junk = b"not a torch file"
-    (tmp_path / data_name(2)).write_bytes(junk)
-    manifest = json.loads((tmp_path / manifest_name(1)).read_text())
-    manifest.update(step=2, file=data_name(2), size=len(junk), sha256=hashlib.sha256(junk).hexdigest())
-    (tmp_path / manifest_name(2)).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="matches its manifest's sha256, but torch.load cannot read it"):
-        Checkpointer(tmp_path, log=lambda line: None).load_latest()
-
-
-def test_leftovers_of_a_killed_writer_are_ignored_and_cleaned_by_the_next_writer(tmp_path):
-    save_steps(tmp_path, [1])
-    leftovers = [f".{data_name(2)}.k1ll3d.tmp", f".{manifest_name(2)}.k1ll3d.tmp", data_name(3)]
-    for name in leftovers:
-        (tmp_path / name).write_bytes(b"partial")
-
-    (step, _), lines = load(tmp_path)  # a reading rank: ignores them and deletes nothing
-    assert step == 1 and not [line for line in lines if line.startswith("skipping")]
-    assert all((tmp_path / name).exists() for name in leftovers)
-
-    lines = []
-    with Checkpointer(tmp_path, log=lines.append) as ckpt:
-        ckpt.save(4, {"step": 4})
-    assert not any((tmp_path / name).exists() for name in leftovers)
-    assert lines == [f"removed 3 leftover file(s) of interrupted saves from {tmp_path}"]
 
 
 # --- failures -----------------------------------------------------------------------------------
