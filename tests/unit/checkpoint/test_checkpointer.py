@@ -1,5 +1,5 @@
-import argparse
-import copy
+"""The Checkpointer: saves in the background, in order, keep K, one-line errors, kills and exits."""
+
 import hashlib
 import json
 import os
@@ -16,15 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainpod.checkpoint import Checkpointer, CheckpointError, rng_state, set_rng_state  # noqa: E402
-
-
-def data_name(step):
-    return f"ckpt-{step:08d}.pt"
-
-
-def manifest_name(step):
-    return f"ckpt-{step:08d}.json"
+from fixtures.checkpoints import data_name, load, manifest_name, save_steps  # noqa: E402
+from fixtures.states import assert_same, training_state  # noqa: E402
+from trainpod.checkpoint import Checkpointer, CheckpointError  # noqa: E402
 
 
 def unavailable(reason):
@@ -32,59 +26,6 @@ def unavailable(reason):
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def assert_same(actual, expected, path="state"):
-    """Equal values of equal types; tensors bit for bit, with dtype and shape."""
-    assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
-    if isinstance(expected, torch.Tensor):
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape, path
-        assert torch.equal(actual.cpu().view(-1).view(torch.uint8), expected.cpu().view(-1).view(torch.uint8)), path
-    elif isinstance(expected, dict):
-        assert list(actual) == list(expected), path
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), path
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_same(a, e, f"{path}[{i}]")
-    else:
-        assert actual == expected, path
-
-
-def training_state(seed=0):
-    """What a real run checkpoints: model with buffers, SGD with momentum, scheduler, scaler, RNG."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    for _ in range(3):
-        optimizer.zero_grad()
-        model(torch.randn(32, 8)).pow(2).mean().backward()
-        optimizer.step()
-        scheduler.step()
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7},
-        "rng": [rng_state(), rng_state()],
-        "epoch": 3,
-        "losses": [0.9, 0.5, 0.25],
-        "shape": (3, 32, 32),
-    }
-    return model, optimizer, state
-
-
-def save_steps(directory, steps, keep=3):
-    with Checkpointer(directory, keep=keep, log=lambda line: None) as ckpt:
-        for step in steps:
-            ckpt.save(step, {"step": step, "value": torch.full((64,), float(step))})
-
-
-def load(directory):
-    lines = []
-    return Checkpointer(directory, log=lines.append).load_latest(), lines
 
 
 # --- round trip ---------------------------------------------------------------------------------
@@ -114,54 +55,6 @@ def test_round_trip_of_a_training_state_is_bit_identical(tmp_path):
     torch.load(tmp_path / data_name(120), weights_only=True)
 
 
-def test_state_beyond_the_weights_only_allowlist_still_loads(tmp_path):
-    state = {"args": argparse.Namespace(lr=0.1, name="run"), "w": torch.ones(3)}
-    with Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, state)
-    step, loaded = load(tmp_path)[0]
-    assert loaded["args"] == state["args"]
-
-
-def test_the_caller_may_change_its_model_as_soon_as_save_returns(tmp_path):
-    model = torch.nn.Linear(256, 256)
-    before = copy.deepcopy(model.state_dict())
-    ckpt = Checkpointer(tmp_path, keep=2, log=lambda line: None)
-    ckpt.save(1, {"model": model.state_dict()})
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    after = copy.deepcopy(model.state_dict())
-    ckpt.save(2, {"model": model.state_dict()})  # copies into the first snapshot's buffers
-    with torch.no_grad():
-        model.weight.zero_()
-    ckpt.close()
-
-    assert_same(torch.load(tmp_path / data_name(1), weights_only=True)["model"], before)
-    assert_same(torch.load(tmp_path / data_name(2), weights_only=True)["model"], after)
-
-
-def test_reused_buffers_are_never_shared_by_two_tensors(tmp_path):
-    tied = torch.arange(16.0)
-    ckpt = Checkpointer(tmp_path, keep=2, log=lambda line: None)
-    ckpt.save(1, {"a": tied, "b": tied})  # tied weights: one tensor under two names
-    ckpt.save(2, {"a": torch.zeros(16), "b": torch.ones(16)})  # same shapes, now distinct
-    ckpt.close()
-    first = torch.load(tmp_path / data_name(1), weights_only=True)
-    second = torch.load(tmp_path / data_name(2), weights_only=True)
-    assert first["a"].data_ptr() == first["b"].data_ptr()  # still tied, as torch.save keeps them
-    assert torch.equal(second["a"], torch.zeros(16)) and torch.equal(second["b"], torch.ones(16))
-
-
-
-def test_the_sha256_is_right_without_numpy_too(tmp_path, monkeypatch):
-    import trainpod.checkpoint as checkpoint
-
-    monkeypatch.setattr(checkpoint, "_np", None)  # then no chunk is handed over uncopied
-    with Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, {"big": torch.randn(300_000), "small": torch.ones(3)})
-    manifest = json.loads((tmp_path / manifest_name(1)).read_text())
-    assert manifest["sha256"] == hashlib.sha256((tmp_path / data_name(1)).read_bytes()).hexdigest()
-
 def test_many_quick_saves_complete_in_order_and_keep_the_last_k(tmp_path):
     save_steps(tmp_path, range(1, 21), keep=3)
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(s) for s in (18, 19, 20)] + [manifest_name(s) for s in (18, 19, 20)])
@@ -177,7 +70,6 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     assert (step, state) == (5, {"v": 2})
 
 
-
 def test_a_directory_with_later_steps_is_noted_and_the_new_checkpoint_kept(tmp_path):
     save_steps(tmp_path, [100, 200], keep=1)  # keep=1: only 200 is left
     lines = []
@@ -186,86 +78,6 @@ def test_a_directory_with_later_steps_is_noted_and_the_new_checkpoint_kept(tmp_p
     assert lines == [f"note: {tmp_path} holds a checkpoint of step 200, later than this save's step 5; "
                      "load_latest() takes the highest step that verifies"]
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(s) for s in (5, 200)] + [manifest_name(s) for s in (5, 200)])
-
-# --- verified load ------------------------------------------------------------------------------
-
-
-def test_a_truncated_newest_checkpoint_is_reported_and_skipped(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    path = tmp_path / data_name(2)
-    os.truncate(path, path.stat().st_size // 2)
-    (step, state), lines = load(tmp_path)
-    assert step == 1 and state["step"] == 1
-    skipped = [line for line in lines if line.startswith("skipping")]
-    assert len(skipped) == 1 and str(path) in skipped[0] and "truncated" in skipped[0]
-
-
-def test_a_flipped_byte_is_reported_as_a_sha256_mismatch(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    path = tmp_path / data_name(2)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-    (step, _), lines = load(tmp_path)
-    assert step == 1
-    skipped = [line for line in lines if line.startswith("skipping")]
-    assert len(skipped) == 1 and str(path) in skipped[0] and "sha256" in skipped[0]
-
-
-def test_data_without_a_manifest_is_not_a_checkpoint(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    (tmp_path / manifest_name(2)).unlink()
-    (step, _), lines = load(tmp_path)
-    assert step == 1
-    assert not [line for line in lines if line.startswith("skipping")]
-
-
-def test_an_unreadable_manifest_is_reported_and_skipped(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    (tmp_path / manifest_name(2)).write_text('{"format": "trainpod-checkpoint", "vers')
-    (step, _), lines = load(tmp_path)
-    assert step == 1
-    skipped = [line for line in lines if line.startswith("skipping")]
-    assert len(skipped) == 1 and manifest_name(2) in skipped[0] and "unreadable manifest" in skipped[0]
-
-
-def test_with_no_good_checkpoint_it_starts_fresh_and_says_so(tmp_path):
-    assert load(tmp_path / "never-created") == (None, [f"no checkpoint in {tmp_path / 'never-created'}: starting fresh"])
-    save_steps(tmp_path, [1, 2])
-    for step in (1, 2):
-        os.truncate(tmp_path / data_name(step), 10)
-    result, lines = load(tmp_path)
-    assert result is None
-    assert len([line for line in lines if line.startswith("skipping")]) == 2
-    assert lines[-1] == f"no checkpoint in {tmp_path}: starting fresh"
-
-
-def test_a_verified_file_that_torch_cannot_load_is_an_error_not_a_fresh_start(tmp_path):
-    save_steps(tmp_path, [1])
-    junk = b"not a torch file"
-    (tmp_path / data_name(2)).write_bytes(junk)
-    manifest = json.loads((tmp_path / manifest_name(1)).read_text())
-    manifest.update(step=2, file=data_name(2), size=len(junk), sha256=hashlib.sha256(junk).hexdigest())
-    (tmp_path / manifest_name(2)).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="matches its manifest's sha256, but torch.load cannot read it"):
-        Checkpointer(tmp_path, log=lambda line: None).load_latest()
-
-
-def test_leftovers_of_a_killed_writer_are_ignored_and_cleaned_by_the_next_writer(tmp_path):
-    save_steps(tmp_path, [1])
-    leftovers = [f".{data_name(2)}.k1ll3d.tmp", f".{manifest_name(2)}.k1ll3d.tmp", data_name(3)]
-    for name in leftovers:
-        (tmp_path / name).write_bytes(b"partial")
-
-    (step, _), lines = load(tmp_path)  # a reading rank: ignores them and deletes nothing
-    assert step == 1 and not [line for line in lines if line.startswith("skipping")]
-    assert all((tmp_path / name).exists() for name in leftovers)
-
-    lines = []
-    with Checkpointer(tmp_path, log=lines.append) as ckpt:
-        ckpt.save(4, {"step": 4})
-    assert not any((tmp_path / name).exists() for name in leftovers)
-    assert lines == [f"removed 3 leftover file(s) of interrupted saves from {tmp_path}"]
 
 
 # --- failures -----------------------------------------------------------------------------------
@@ -330,11 +142,12 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk)
 # --- kills and exits: child processes -------------------------------------------------------------
 
 # One interpreter imports torch once (2 s here) and forks a child per command: "loop DIR" saves in a
-# loop until it is killed, "exit DIR" saves and ends the interpreter without wait().
+# loop until it is killed, "exit DIR" saves and ends the interpreter without wait(), "fsize DIR"
+# saves under a file size limit (RLIMIT_FSIZE: a real write error without root).
 ZYGOTE = r"""
-import os, sys
+import os, resource, signal, sys
 import torch
-from trainpod.checkpoint import Checkpointer
+from trainpod.checkpoint import Checkpointer, CheckpointError
 
 def loop(directory):
     ckpt = Checkpointer(directory, keep=2, log=lambda line: None)
@@ -356,11 +169,24 @@ def exit_without_wait(directory):
     print("saved", flush=True)
     sys.exit(0)  # the interpreter's normal exit, in the child
 
+def file_too_large(directory):
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    ckpt = Checkpointer(directory, log=lambda line: print("log", line, flush=True))
+    ckpt.save(1, {"w": torch.ones(1_000_000)})  # 4 MB past a 1 MiB limit
+    for call in (ckpt.wait, ckpt.wait, lambda: ckpt.save(2, {"w": torch.ones(10)}), ckpt.close):
+        try:
+            call()
+            print("ok", flush=True)
+        except CheckpointError as exc:
+            print("raised", exc, flush=True)
+    sys.exit(0)
+
 for line in sys.stdin:
     command, directory = line.split()
     pid = os.fork()
     if pid == 0:
-        {"loop": loop, "exit": exit_without_wait}[command](directory)
+        {"loop": loop, "exit": exit_without_wait, "fsize": file_too_large}[command](directory)
     print(f"pid {pid}", flush=True)
     _, status = os.waitpid(pid, 0)
     print(f"reaped {status}", flush=True)
@@ -381,6 +207,15 @@ class Zygote:
     def send(self, line):
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+
+    def lines_until(self, prefix, timeout=60):
+        """Every line up to and including the first that starts with prefix."""
+        lines = []
+        while not lines or not (lines[-1] == prefix or lines[-1].startswith(prefix + " ")):
+            line = self.lines.get(timeout=timeout)
+            assert line is not None, f"the zygote ended (exit code {self.proc.wait()})"
+            lines.append(line)
+        return lines
 
     def expect(self, *prefixes, timeout=60):
         """The lines that start with each prefix, in whatever order they come."""
@@ -442,30 +277,12 @@ def test_a_save_in_flight_completes_at_interpreter_exit(tmp_path, zygote):
     assert step == 7 and torch.all(state["payload"] == 7.0)
 
 
-# --- RNG ----------------------------------------------------------------------------------------
-
-
-def draws():
-    import numpy as np
-
-    return [random.random() for _ in range(3)], torch.rand(3), np.random.rand(3).tolist(), torch.randn(2)
-
-
-def test_rng_state_round_trip_reproduces_the_same_draws(tmp_path):
-    pytest.importorskip("numpy")
-    random.seed(1)
-    torch.manual_seed(2)
-    __import__("numpy").random.seed(3)
-    draws()
-    saved = rng_state()
-    expected = draws()
-    draws()  # move on, as training would
-
-    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
-        ckpt.save(1, {"rng": saved})
-    _, state = ckpt.load_latest()
-    set_rng_state(state["rng"])
-    assert_same(draws(), expected)
-    set_rng_state(saved)  # and straight from memory
-    assert_same(draws(), expected)
-
+def test_a_write_error_is_raised_once_naming_the_os_error(tmp_path, zygote):
+    zygote.send(f"fsize {tmp_path}")
+    *lines, reaped = [line for line in zygote.lines_until("reaped") if not line.startswith("pid ")]
+    status = int(reaped.split()[1])
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    error = f"could not save checkpoint step 1 in {tmp_path} ({data_name(1)}): File too large"
+    # torch.save re-wraps the failed write in its own RuntimeError; the OS error is what is reported.
+    assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok"]
+    assert sorted(os.listdir(tmp_path)) == sorted([data_name(2), manifest_name(2)])  # no temporary file left

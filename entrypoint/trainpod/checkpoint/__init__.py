@@ -1,0 +1,446 @@
+"""Checkpoints that survive a kill at any moment and cost the training loop only a memory copy.
+
+The API (used by the examples, meant for your own scripts too):
+
+    ckpt = Checkpointer(directory, keep=3)
+    ckpt.save(step, state)      # returns once `state` is copied; the write goes on in the background
+    ckpt.wait()                 # every save so far is durable (or its error is raised here)
+    ckpt.load_latest()          # (step, state) of the newest good checkpoint, or None
+    ckpt.close()                # wait() and release the snapshot buffer; also `with Checkpointer(...)`
+
+`state` is any dict that torch.save accepts. Failures of a background write are raised as
+CheckpointError, one line naming the directory, the file and the OS error ("No space left on
+device"), from the next save(), wait() or close().
+
+Files. Step 1234 is `ckpt-00001234.pt` (what torch.save wrote) plus `ckpt-00001234.json`, its
+manifest: format, version, step, file, size, sha256, created, torch version. The manifest is the
+commit point: a data file without one is not a checkpoint. A save writes the data to a temporary
+`.ckpt-00001234.pt.*.tmp` in the same directory, fsyncs it, renames it into place and fsyncs the
+directory; only then does it write the manifest the same way (temporary, fsync, rename, fsync the
+directory). A kill (or power loss) at any point therefore leaves either the old set of
+checkpoints or the old set plus the new one, never a manifest that names bytes that are not all
+on disk. After each commit, checkpoints beyond the newest `keep` (by step) are deleted, manifest
+first; the one just written is never deleted, even if a directory left from another run holds
+higher steps (the first save says so in one line, as load_latest() would prefer those). Steps
+should grow; saving a step again replaces it. The deleting happens after wait() returns (freeing
+a large file costs a good part of what writing it did, and the new checkpoint does not depend on
+it); the next save(), close() and load_latest() wait for it.
+
+Loading. load_latest() goes from the highest step down. A checkpoint counts if its manifest
+parses, the data file's size and sha256 match it, and torch.load reads it; each one that does not
+is reported in one line (truncated, sha256 mismatch, unreadable manifest, no manifest) and the
+next older one is tried. With none left it reports "no checkpoint in DIR: starting fresh" and
+returns None. Verifying reads every byte once more than loading would (sha256 runs at 0.3 to 2
+GB/s, depending on the CPU). A file that matches its sha256 but that torch.load cannot read is not
+damage but a mismatch with this environment (an older torch, a class that no longer imports): that
+raises CheckpointError instead of quietly starting over. Tensors are loaded onto the CPU; the load
+is tried with weights_only=True first, which reads model, optimizer, scheduler and scaler state
+and everything trainpod.rng.rng_state() returns (it stores the numpy state as a tensor for this
+reason). State that holds other objects (an argparse.Namespace, a numpy array) needs the full
+unpickler, and since "any dict that torch.save accepts" is the contract, the load then falls back
+to weights_only=False. That runs pickle on the file: fine for a directory only your own jobs
+write, as the sha256 check does not make it safe against someone who can write both files.
+
+Saving without stalling. save() waits for the previous save's write to finish (at most one write
+is in flight, so checkpointing needs host memory for one copy of the state and saves complete in
+order), copies every tensor to CPU memory, recursively through dicts, lists and tuples (other
+values with copy.deepcopy), and hands that snapshot to a background thread: the caller may change
+its model as soon as save() returns. The snapshot's buffers are kept and reused by the next save
+whenever a tensor has the same shape, dtype and strides, so a save costs a memcpy, not a fresh
+allocation and its page faults; close() releases them. GPU tensors go into pinned buffers. The
+background thread streams torch.save into the temporary file and feeds each chunk to the sha256
+just before writing it, so the digest is that of the bytes as written; hashlib releases the GIL on
+large chunks, so the training thread runs on meanwhile.
+
+Interpreter exit. The writer thread is not a daemon: a script that ends (or dies of an exception)
+with a save in flight still finishes that save before the process exits. A failure then is
+logged, but only wait()/close() can turn it into an exception, so end with close() or use the
+Checkpointer as a context manager. A kill loses at most the saves still in flight.
+
+One writer per directory. Only one process may save to a directory (with torchrun: rank 0); every
+rank may load from it. Leftovers of an interrupted save (temporary files, data without manifest)
+are removed by the writer before its first save, not by constructing a Checkpointer, so a rank
+that only loads never deletes a file rank 0 is writing. This module makes no torch.distributed
+calls; a DDP script does this (the RNG states of every rank go into rank 0's checkpoint):
+
+    from trainpod.rng import rng_state, set_rng_state
+
+    ckpt = Checkpointer(args.checkpoint_dir, keep=args.keep)          # every rank, shared directory
+    start = 0
+    resumed = ckpt.load_latest()                                        # every rank
+    if resumed is not None:
+        start, state = resumed
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"][dist.get_rank()])
+    for step in range(start + 1, args.steps + 1):
+        train_one_step()
+        if step % args.checkpoint_every == 0:
+            rngs = [None] * dist.get_world_size()
+            dist.all_gather_object(rngs, rng_state())                   # a collective: every rank
+            if dist.get_rank() == 0:
+                ckpt.save(step, {"model": model.module.state_dict(),
+                                 "optimizer": optimizer.state_dict(), "rng": rngs})
+    ckpt.close()                                                        # rank 0: the last save is durable
+
+Every rank reads the directory on its own, so on a shared file system a rank could see another
+newest checkpoint (a late-arriving file, damage seen by one host only); checking that all ranks
+resumed from the same step (all_gather the step) turns that into an error instead of a silent
+divergence.
+
+The code: this module holds the API, the writer thread and the order of a save's steps;
+snapshot.py the copy save() takes; files.py the names, the manifest and the verified read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import operator
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainpod import failpoints
+from trainpod.atomic import fsync_dir, make_shareable
+from trainpod.checkpoint import files
+from trainpod.checkpoint.snapshot import Snapshot
+from trainpod.errors import TrainpodError
+
+__all__ = ["CheckpointError", "Checkpointer"]
+
+LOG_PREFIX = "trainpod.checkpoint: "
+
+
+class CheckpointError(TrainpodError):
+    """A checkpoint could not be saved (or a verified one not loaded); the message is one line."""
+
+
+def _default_log(message: str) -> None:
+    print(LOG_PREFIX + message, file=sys.stderr, flush=True)
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool):
+        raise TypeError(f"step must be an int, got {step!r}")
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise TypeError(f"step must be an int, got {type(step).__name__}") from None
+    if step < 0:
+        raise ValueError(f"step must be at least 0, got {step}")
+    return step
+
+
+def _find_os_error(exc: BaseException | None) -> OSError | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+class _HashingWriter:
+    """The file object torch.save writes to: each chunk goes into the sha256, then into the file."""
+
+    def __init__(self, file):
+        self._file = file
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.os_error: OSError | None = None  # torch.save may re-wrap it; the cause is kept here
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        # Hashed here, in the writer thread: a second thread bought nothing measurable, as hashlib
+        # releases the GIL on large chunks and the training thread keeps running either way.
+        self._hash.update(view)
+        self.size += view.nbytes
+        try:
+            self._file.write(view)
+        except OSError as exc:
+            self.os_error = self.os_error or exc
+            raise
+        return view.nbytes
+
+    def flush(self) -> None:
+        try:
+            self._file.flush()
+        except OSError as exc:
+            self.os_error = self.os_error or exc
+            raise
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+class _Job:
+    def __init__(self, step: int, state: Any):
+        self.step = step
+        self.state = state
+        self.os_error: OSError | None = None
+
+
+class Checkpointer:
+    """Atomic, verified, background checkpoints of one training run in `directory`."""
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, log: Callable[[str], None] | None = None):
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int of at least 1, got {keep!r}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self._log = log or _default_log
+        self._cond = threading.Condition()
+        self._job: _Job | None = None  # the save in flight, until its old checkpoints are deleted
+        self._committing = False  # until the save in flight is durable or has failed
+        self._error: CheckpointError | None = None
+        self._spare: Any = None
+        self._prepared = False
+        self._closed = False
+        failpoints.armed()  # a malformed TRAINPOD_FAILPOINTS fails here, not in the writer thread
+
+    def __repr__(self) -> str:
+        return f"Checkpointer({str(self.directory)!r}, keep={self.keep})"
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Already failing: finish the write, but do not hide the original exception behind ours
+        # (which the writer logged when it happened).
+        with contextlib.suppress(CheckpointError):
+            self.close()
+
+    # --- the API ---
+
+    def save(self, step: int, state: Any) -> None:
+        """Snapshot `state` as checkpoint `step` and return; the write continues in the background.
+
+        Waits first for the previous save's write (one in flight at a time). Raises CheckpointError
+        if the previous save failed (this state is then not saved) or after close().
+        """
+        step = _check_step(step)
+        with self._cond:
+            if self._closed:
+                raise CheckpointError(f"checkpoint step {step} not saved: the Checkpointer for {self.directory} is closed")
+            self._wait_idle_locked()
+            self._raise_error_locked()
+            if not self._prepared:
+                self._prepare(step)
+                self._prepared = True
+            spare, self._spare = self._spare, None
+        try:
+            state_copy = Snapshot(spare).take(state)
+        except Exception as exc:
+            with self._cond:
+                self._spare = spare
+            raise CheckpointError(f"checkpoint step {step} not saved: cannot copy the state ({type(exc).__name__}: {exc})") from exc
+        job = _Job(step, state_copy)
+        with self._cond:
+            # Not a daemon: at interpreter exit the save in flight completes instead of vanishing.
+            writer = threading.Thread(target=self._run, args=(job,), name="trainpod-checkpoint-writer", daemon=False)
+            self._job, self._committing = job, True
+            try:
+                writer.start()
+            except RuntimeError as exc:  # "can't start new thread"
+                self._job, self._committing, self._spare = None, False, state_copy
+                raise CheckpointError(f"checkpoint step {step} not saved: {exc}") from exc
+
+    def wait(self) -> None:
+        """Block until every save so far is durable; raise CheckpointError if one failed.
+
+        Deleting the checkpoints beyond `keep` may still be under way; the next save(), close()
+        and load_latest() wait for it.
+        """
+        with self._cond:
+            while self._committing:
+                self._cond.wait()
+            self._raise_error_locked()
+
+    def close(self) -> None:
+        """wait(), then release the snapshot buffers; save() is refused afterwards, load_latest() is not."""
+        with self._cond:
+            self._wait_idle_locked()
+            self._closed = True
+            self._spare = None
+            self._raise_error_locked()
+
+    def load_latest(self) -> tuple[int, Any] | None:
+        """(step, state) of the newest checkpoint that verifies, reporting each one skipped; or None."""
+        with self._cond:
+            self._wait_idle_locked()  # our own saves first; their errors stay for save()/wait()
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            names = []
+        except OSError as exc:
+            raise CheckpointError(f"cannot read the checkpoint directory {self.directory}: {exc.strerror}") from exc
+        data_steps, manifest_steps = files.listed_steps(names)
+        for step in sorted(data_steps | manifest_steps, reverse=True):
+            if step not in manifest_steps:
+                self._log(f"ignoring {self.directory / files.data_name(step)}: no manifest (its save did not finish)")
+                continue
+            loaded = self._load(step)
+            if loaded is not None:
+                self._log(f"resuming from step {step} ({self.directory / files.data_name(step)})")
+                return step, loaded[0]
+        self._log(f"no checkpoint in {self.directory}: starting fresh")
+        return None
+
+    # --- background writing ---
+
+    def _wait_idle_locked(self) -> None:
+        while self._job is not None:
+            self._cond.wait()
+
+    def _raise_error_locked(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _prepare(self, step: int) -> None:
+        """Create the directory and remove what interrupted saves (a killed writer) left behind."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            names = os.listdir(self.directory)
+        except OSError as exc:
+            raise CheckpointError(f"cannot use the checkpoint directory {self.directory}: {exc.strerror}") from exc
+        removed = 0
+        for name in files.leftovers(names):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.directory / name)
+                removed += 1
+        if removed:
+            self._log(f"removed {removed} leftover file(s) of interrupted saves from {self.directory}")
+        _, manifest_steps = files.listed_steps(names)
+        if manifest_steps and max(manifest_steps) > step:
+            # Most likely a directory reused from another run: its checkpoints would win on resume.
+            self._log(
+                f"note: {self.directory} holds a checkpoint of step {max(manifest_steps)}, later than this save's "
+                f"step {step}; load_latest() takes the highest step that verifies"
+            )
+
+    def _run(self, job: _Job) -> None:
+        error = None
+        try:
+            self._write(job)
+        except BaseException as exc:
+            error = self._failure(job, exc)
+            self._log(str(error))
+        with self._cond:
+            if error is not None:
+                self._error = error
+            self._committing = False  # durable (or failed): wait() may return
+            self._cond.notify_all()
+        try:
+            if error is None:
+                # After wait() is released: deleting a large file costs as much as a good part of
+                # writing it (freeing its pages and blocks), and is no part of the new one's safety.
+                self._retain(job.step)
+        finally:
+            with self._cond:
+                self._spare = job.state  # the next save copies into these buffers
+                self._job = None
+                self._cond.notify_all()
+
+    def _failure(self, job: _Job, exc: BaseException) -> CheckpointError:
+        cause = job.os_error or _find_os_error(exc)
+        reason = (cause.strerror or str(cause)) if cause is not None else f"{type(exc).__name__}: {exc}"
+        error = CheckpointError(f"could not save checkpoint step {job.step} in {self.directory} ({files.data_name(job.step)}): {reason}")
+        error.__cause__ = cause or exc
+        return error
+
+    def _write(self, job: _Job) -> None:
+        """Data to a temporary file, fsync, rename, fsync the directory; then the manifest the same way."""
+        tmp, size, digest = self._write_temp(job)
+        data_path = self.directory / files.data_name(job.step)
+        manifest_path = self.directory / files.manifest_name(job.step)
+        if manifest_path.exists():
+            # Saving a step again: uncommit the old one before its data is replaced, so that a crash
+            # in between cannot leave the old manifest next to the new bytes.
+            os.unlink(manifest_path)
+            fsync_dir(self.directory)
+        try:
+            os.replace(tmp, data_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        try:
+            # The data's new name must be durable before the manifest that points at it is.
+            fsync_dir(self.directory)
+            files.write_manifest(self.directory, job.step, size, digest)
+        except BaseException:
+            # Uncommitted data is no checkpoint; remove it so that a full disk gets its space back.
+            with contextlib.suppress(OSError):
+                os.unlink(data_path)
+            raise
+
+    def _write_temp(self, job: _Job) -> tuple[str, int, str]:
+        """torch.save into a temporary file, fsynced: (its path, its size, its sha256)."""
+        directory = self.directory
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{files.data_name(job.step)}.", suffix=files.TEMP_SUFFIX)
+        writer = None
+        try:
+            with open(fd, "wb") as f:
+                make_shareable(f.fileno())
+                writer = _HashingWriter(f)
+                torch.save(job.state, writer)
+                failpoints.hit("checkpoint-write", job.step, directory)
+                f.flush()
+                os.fsync(f.fileno())
+                size = os.fstat(f.fileno()).st_size
+            if size != writer.size:
+                raise OSError(errno.EIO, f"wrote {writer.size} bytes but the file holds {size}")
+        except BaseException:
+            if writer is not None:
+                job.os_error = writer.os_error
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return tmp, size, writer.hexdigest()
+
+    def _retain(self, newest: int) -> None:
+        try:
+            _, manifest_steps = files.listed_steps(os.listdir(self.directory))
+            old = sorted(manifest_steps, reverse=True)[self.keep :]
+            for step in old:
+                if step == newest:
+                    continue
+                # Manifest first: a crash in between leaves data without a manifest, which is no
+                # checkpoint and is cleaned up later, never a manifest that names a missing file.
+                (self.directory / files.manifest_name(step)).unlink(missing_ok=True)
+                (self.directory / files.data_name(step)).unlink(missing_ok=True)
+        except OSError as exc:
+            # The new checkpoint is committed; failing it now would be wrong. Say so once.
+            self._log(f"could not delete old checkpoints in {self.directory}: {exc.strerror or exc}")
+
+    # --- loading ---
+
+    def _load(self, step: int) -> tuple[Any] | None:
+        try:
+            f = files.open_verified(self.directory, step)
+        except files.Damaged as exc:
+            self._log(f"skipping {exc}")
+            return None
+        with f:
+            try:
+                return (files.torch_load(f),)
+            except Exception as exc:
+                # Not damage (the bytes are those written) but a mismatch with this environment.
+                raise CheckpointError(
+                    f"{f.name} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {exc}"
+                ) from exc
