@@ -120,6 +120,16 @@ def _install_agent_class(say: log.Log) -> None:
     launcher.LocalElasticAgent = Agent
 
 
+def _without_unknown_shutdown_timeout(parser, argv: list[str], say: log.Log) -> list[str]:
+    """torchrun's --shutdown-timeout (the wait between SIGTERM and SIGKILL of the workers) came with
+    torch 2.13; an older torch keeps its fixed 30 s, and the flag is left out rather than refused."""
+    if "--shutdown-timeout" not in argv or "--shutdown-timeout" in parser.format_usage():
+        return argv
+    at = argv.index("--shutdown-timeout")
+    say(f"warning: this torch has no --shutdown-timeout: the ranks get its fixed 30 s after SIGTERM, not {argv[at + 1]} s")
+    return argv[:at] + argv[at + 2 :]
+
+
 def main(argv: list[str] | None = None) -> int:
     node = log.node_from_env() or "?"
     say = log.writer(node)
@@ -132,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     _prefix_logs(log.tag(node) + " ")
     _install_agent_class(say)
 
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+    argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
+    args = parser.parse_args(argv)
     try:
         run(args)
     except ChildFailedError as error:

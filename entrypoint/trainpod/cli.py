@@ -116,7 +116,9 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
     """(topology, run settings, target): everything `run` needs and `explain` shows, from flags and env."""
     flags = vars(args)
     values = settings.resolve((EXAMPLE, *RUN), flags, env)
-    topology = resolve_topology(Options(**flags), env, resolve_names=resolve_names)
+    example = EXAMPLES.get(values.example)
+    fixed = (example.nproc_per_node, f"the example {example.name}") if example and example.nproc_per_node else None
+    topology = resolve_topology(Options(**flags), env, resolve_names=resolve_names, nproc_per_node=fixed)
     target = _target(values.example, command, args.command, required)
     return topology, values, target
 

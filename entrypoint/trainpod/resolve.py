@@ -26,8 +26,12 @@ class Options(dict):
         super().__init__({name: value for name, value in flags.items() if value is not None})
 
 
-def _nproc_per_node(given: settings.Values, found: Discovery, gpus: int) -> tuple[int, str]:
+def _nproc_per_node(given: settings.Values, found: Discovery, gpus: int, fixed: tuple[int, str] | None) -> tuple[int, str]:
     nproc, origin = given.nproc_per_node, given.origins["nproc_per_node"]
+    if fixed is not None:
+        if origin.startswith("--") and nproc != fixed[0]:
+            raise UsageError(f"{origin}={nproc}: {fixed[1]} runs {fixed[0]} process(es) per node; leave the flag out")
+        return fixed
     if nproc is None and found.nproc_per_node is not None:
         nproc, origin = found.nproc_per_node, found.origins["nproc_per_node"]
     if isinstance(nproc, int):
@@ -71,8 +75,11 @@ def _interface(flag: str | None, env: Mapping[str, str], master_addr: str, resol
     return name, why, "auto"
 
 
-def resolve_topology(options: Mapping[str, Any], env: Mapping[str, str], *, resolve_names: bool = True) -> Topology:
-    """The topology for this node. `resolve_names=False` keeps it free of DNS traffic."""
+def resolve_topology(
+    options: Mapping[str, Any], env: Mapping[str, str], *, resolve_names: bool = True, nproc_per_node: tuple[int, str] | None = None
+) -> Topology:
+    """The topology for this node. `resolve_names=False` keeps it free of DNS traffic; `nproc_per_node`
+    is (count, who fixes it) where what runs needs that many processes per node (DataParallel: 1)."""
     given = settings.resolve((environments.SOURCE, *settings.TOPOLOGY), options, env)
     cls = environments.select(env, given.source)
     found = cls(env, options).discover()
@@ -99,7 +106,7 @@ def resolve_topology(options: Mapping[str, Any], env: Mapping[str, str], *, reso
     master_addr = settings.MASTER_ADDR.parse(values["master_addr"], origins["master_addr"])
 
     gpus = devices.visible_gpu_count(env)
-    nproc, origins["nproc_per_node"] = _nproc_per_node(given, found, gpus)
+    nproc, origins["nproc_per_node"] = _nproc_per_node(given, found, gpus, nproc_per_node)
     backend, origins["backend"] = _backend(given, gpus)
     interface, reason, origins["interface"] = _interface(given.interface, env, master_addr, resolve_names)
 

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, Sampler
 
 __all__ = ["ResumableDistributedSampler"]
 
@@ -206,3 +206,29 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self._shard_length() - self._start
+
+
+class EpochIndices(Sampler):
+    """Yields (sampler.epoch, i) for each i of `sampler`; len() and set_epoch() are the sampler's.
+
+    The epoch is read as each pass begins, so call set_epoch on either object before iterating.
+    """
+
+    def __init__(self, sampler: Any):
+        if not hasattr(sampler, "epoch"):
+            raise TypeError(f"EpochIndices needs a sampler with an `epoch` attribute (a DistributedSampler), got {type(sampler).__name__}")
+        self.sampler = sampler
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.sampler.epoch
+        return ((epoch, i) for i in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)

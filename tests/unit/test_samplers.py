@@ -5,9 +5,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler  # noqa: E402
 
-from trainpod.samplers import ResumableDistributedSampler  # noqa: E402
+from trainpod.samplers import EpochIndices, ResumableDistributedSampler  # noqa: E402
 
 COMBOS = [
     # (dataset length, world, shuffle, drop_last, epoch)
@@ -210,3 +210,31 @@ def test_rejects_bad_states_and_advances():
         s.advance(-1)
     s.load_state_dict({"epoch": torch.tensor(0), "index": torch.tensor(3)})
     assert len(s) == 2
+
+
+# --- EpochIndices ------------------------------------------------------------------------------
+
+
+def test_epoch_indices_yields_epoch_and_index_and_follows_set_epoch():
+    sampler = DistributedSampler(range(10), num_replicas=2, rank=1, shuffle=True, seed=0)
+    wrapped = EpochIndices(sampler)
+    assert len(wrapped) == len(sampler) == 5
+    assert list(wrapped) == [(0, i) for i in sampler]
+    wrapped.set_epoch(4)
+    assert sampler.epoch == wrapped.epoch == 4
+    assert list(wrapped) == [(4, i) for i in sampler]
+    sampler.set_epoch(5)  # on the wrapped sampler directly: the same
+    assert [e for e, _ in wrapped] == [5] * 5
+
+
+def test_epoch_indices_length_follows_a_resumed_sampler():
+    sampler = ResumableDistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler.load_state_dict({"epoch": 2, "index": 4})
+    wrapped = EpochIndices(sampler)
+    assert len(wrapped) == 6
+    assert list(wrapped) == [(2, i) for i in sampler._order()[4:]]
+
+
+def test_epoch_indices_needs_an_epoch():
+    with pytest.raises(TypeError, match="epoch"):
+        EpochIndices(SequentialSampler(range(3)))

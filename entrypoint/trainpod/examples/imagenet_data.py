@@ -4,6 +4,7 @@
     val = ImageFolder("/data/imagenet", image_size=224, train=False)           # root/val/<class>/<image>
     sampler = ResumableDistributedSampler(train, seed=0)
     loader = DataLoader(train, batch_size=B, sampler=EpochIndices(sampler), num_workers=8, persistent_workers=True)
+                                                     # EpochIndices: trainpod.samplers
     for epoch in ...:
         sampler.set_epoch(epoch)            # EpochIndices reads it: every index arrives as (epoch, i)
         for images, labels in loader: ...   # images float32 [B, 3, S, S], normalized; labels int64 [B]
@@ -36,7 +37,8 @@ rerun. The epoch has to travel with the index, not as an attribute set on the da
 persistent worker holds its own copy of the dataset, made when the workers started, and never
 sees an attribute set later in the main process. EpochIndices(sampler) does that: it yields
 (sampler.epoch, i) for each index i of a sampler with an `epoch` (torch's DistributedSampler,
-trainpod's ResumableDistributedSampler), read when each pass starts, i.e. after set_epoch.
+trainpod's ResumableDistributedSampler), read when each pass starts, i.e. after set_epoch; it lives
+in trainpod.samplers, and the examples' harness uses it for every data set with `wants_epoch`.
 
 SyntheticImageNet is the same interface without files: N images of S x S held in memory as one
 uint8 tensor (N * 3 * S * S bytes: 10,000 at 64 px are 123 MB, 10,000 at 224 px 1.5 GB, per
@@ -55,14 +57,13 @@ import math
 import operator
 import os
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from trainpod.errors import ConfigError
 
@@ -70,7 +71,6 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
-    "EpochIndices",
     "ImageDataError",
     "ImageFolder",
     "SyntheticImageNet",
@@ -212,32 +212,6 @@ def _epoch_and_index(key: Any, length: int) -> tuple[int, int]:
     return epoch, index % length  # a negative index draws the same augmentation as its positive twin
 
 
-class EpochIndices(Sampler):
-    """Yields (sampler.epoch, i) for each i of `sampler`; len() and set_epoch() are the sampler's.
-
-    The epoch is read as each pass begins, so call set_epoch on either object before iterating.
-    """
-
-    def __init__(self, sampler: Any):
-        if not hasattr(sampler, "epoch"):
-            raise TypeError(f"EpochIndices needs a sampler with an `epoch` attribute (a DistributedSampler), got {type(sampler).__name__}")
-        self.sampler = sampler
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch = self.sampler.epoch
-        return ((epoch, i) for i in self.sampler)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
 # --- transforms --------------------------------------------------------------------------------
 
 
@@ -312,6 +286,8 @@ class ImageFolder(Dataset):
     dataset[i] or dataset[(epoch, i)] is (float32 [3, S, S], int label); see the module docstring.
     """
 
+    wants_epoch = True  # __getitem__ takes (epoch, index): the harness wraps its sampler in EpochIndices
+
     def __init__(self, root: str | os.PathLike, image_size: int = 224, train: bool = True, seed: int = 0):
         self.image_size = _check_size("image_size", image_size)
         self.train = train
@@ -360,6 +336,8 @@ class SyntheticImageNet(Dataset):
 
     dataset[i] or dataset[(epoch, i)] is (float32 [3, S, S], int label); see the module docstring.
     """
+
+    wants_epoch = True
 
     def __init__(self, samples: int, image_size: int = 224, num_classes: int = 1000, seed: int = 0, train: bool = True):
         self.image_size = _check_size("image_size", image_size)

@@ -7,14 +7,13 @@ np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 Image = pytest.importorskip("PIL.Image")
 
-from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from fixtures.jpeg_tree import make_jpeg_tree  # noqa: E402
 from trainpod.errors import EXIT_CONFIG, ConfigError  # noqa: E402
 from trainpod.examples.imagenet_data import (  # noqa: E402
     IMAGENET_MEAN,
     IMAGENET_STD,
-    EpochIndices,
     ImageDataError,
     ImageFolder,
     SyntheticImageNet,
@@ -26,7 +25,7 @@ from trainpod.examples.imagenet_data import (  # noqa: E402
     to_normalized_tensor,
     train_transform,
 )
-from trainpod.samplers import ResumableDistributedSampler  # noqa: E402
+from trainpod.samplers import EpochIndices, ResumableDistributedSampler  # noqa: E402
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
 STD = torch.tensor(IMAGENET_STD).view(3, 1, 1)
@@ -274,34 +273,6 @@ def test_sample_rng_depends_on_seed_epoch_and_index_only():
     draws = {(s, e, i): sample_rng(s, e, i).random() for s in range(3) for e in range(3) for i in range(3)}
     assert len(set(draws.values())) == len(draws)
     assert sample_rng(1, 2, 0).random() == draws[(1, 2, 0)]
-
-
-# --- EpochIndices ------------------------------------------------------------------------------
-
-
-def test_epoch_indices_yields_epoch_and_index_and_follows_set_epoch():
-    sampler = DistributedSampler(range(10), num_replicas=2, rank=1, shuffle=True, seed=0)
-    wrapped = EpochIndices(sampler)
-    assert len(wrapped) == len(sampler) == 5
-    assert list(wrapped) == [(0, i) for i in sampler]
-    wrapped.set_epoch(4)
-    assert sampler.epoch == wrapped.epoch == 4
-    assert list(wrapped) == [(4, i) for i in sampler]
-    sampler.set_epoch(5)  # on the wrapped sampler directly: the same
-    assert [e for e, _ in wrapped] == [5] * 5
-
-
-def test_epoch_indices_length_follows_a_resumed_sampler():
-    sampler = ResumableDistributedSampler(range(10), num_replicas=1, rank=0)
-    sampler.load_state_dict({"epoch": 2, "index": 4})
-    wrapped = EpochIndices(sampler)
-    assert len(wrapped) == 6
-    assert list(wrapped) == [(2, i) for i in sampler._order()[4:]]
-
-
-def test_epoch_indices_needs_an_epoch():
-    with pytest.raises(TypeError, match="epoch"):
-        EpochIndices(SequentialSampler(range(3)))
 
 
 # --- transforms --------------------------------------------------------------------------------

@@ -1,0 +1,468 @@
+"""The loop every bundled example shares. An example is a model, a data set and a few defaults:
+
+    RECIPE = Recipe(name="cifar10-ddp", summary="...", data=load_data, model=make_model,
+                    options=(DATA_DIR, ...), defaults={"batch_size": 64})
+    def main(argv=None) -> int:
+        return harness.main(RECIPE, argv)
+
+and the harness does the rest, the same way for each:
+
+- options: COMMON below plus the example's own, each a flag with a TRAINPOD_* twin
+  (trainpod.settings); `--help` lists them. A bad value is one line and exit 64 (flag) or 78
+  (variable), never restarted.
+- the process group: env:// under torchrun (a world of one without it), gloo on the CPU, NCCL
+  with one GPU per process (LOCAL_RANK) by default where CUDA is. `parallel="dp"` is one process
+  with torch.nn.DataParallel over every visible GPU (the plain model on the CPU).
+- data: a ResumableDistributedSampler (its position is checkpointed), DataLoader workers that
+  ignore SIGTERM, pinned memory on CUDA, persistent workers with prefetching. A data set that
+  wants the epoch (augmentation seeded per sample and epoch) gets (epoch, index) pairs.
+- the step: autocast and a GradScaler per the precision path (trainpod.examples.precision),
+  gradient clipping, an LR schedule of linear warm-up then cosine decay; each step is reported
+  to the agent (trainpod.progress).
+- checkpoints (--checkpoint-dir, every --checkpoint-every steps): model, optimizer, LR
+  schedule, scaler, sampler position, every rank's RNG state; resumed from the newest good one,
+  so a resumed run ends with the same weights as one never interrupted.
+- SIGTERM: every rank stops after the same step, saves it and exits 143 (trainpod.preemption).
+- evaluation (accuracy on the test set, sharded over the ranks) and metrics: `metrics.json` in
+  --output-dir and one `trainpod-metrics:` line: the loss curve, samples/s, world size, the
+  numeric path, and the checksum of every rank's final weights (equal on every rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from trainpod import distributed, progress, settings
+from trainpod.checkpoint import Checkpointer
+from trainpod.errors import ConfigError, TrainpodError, invalid
+from trainpod.examples import precision, reporting
+from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
+from trainpod.rng import rng_state, set_rng_state
+from trainpod.samplers import EpochIndices, ResumableDistributedSampler
+from trainpod.settings import BACKEND, Boolean, Choice, Integer, Number, Setting, Values
+
+WARMUP_STEPS = 5  # left out of samples/s: the first steps allocate memory and warm caches
+# SGD with momentum 0.9 peaking at lr 0.1 is brisk for small nets: without a cap on the gradient
+# norm, a rare large step made the loss jump back up late in training.
+MAX_GRAD_NORM = 1.0
+# The LR rises linearly over the first 5% of the steps (large steps from random weights are the
+# least reliable), then follows a cosine down to 0 at the last step.
+WARMUP_FRACTION = 0.05
+PER_PARAMETER_BUCKET_MB = 1e-6  # a cap below any parameter's size: a bucket closes after one parameter
+EVAL_BATCH = 256
+
+# The options every example has. An example changes their defaults with Recipe.defaults.
+COMMON = (
+    Setting("output_dir", "where rank 0 writes metrics.json", var="TRAINPOD_OUTPUT_DIR", default="./output", metavar="DIR"),
+    Setting("epochs", "epochs", Integer(1, 100_000), var="TRAINPOD_EPOCHS", default=2),
+    Setting("batch_size", "batch size per process", Integer(1, 1 << 20), var="TRAINPOD_BATCH_SIZE", default=64),
+    Setting("lr", "peak learning rate (linear warm-up, then cosine decay)", Number(above=0, unit=""), var="TRAINPOD_LR",
+            default=0.1),
+    Setting("optimizer", "sgd (momentum 0.9) or adam", Choice(precision.OPTIMIZERS), var="TRAINPOD_OPTIMIZER", default="sgd"),
+    Setting("seed", "seed for weights, data order, augmentation and synthetic data", Integer(0, 2**32 - 1),
+            var="TRAINPOD_SEED", default=0),
+    Setting("backend", "gloo (CPU) or nccl (GPU LOCAL_RANK); default nccl where CUDA is", BACKEND.kind, var=BACKEND.var),
+    Setting("workers", "DataLoader worker processes per process (default: the example's)", Integer(0, 256),
+            var="TRAINPOD_WORKERS"),
+    Setting("max_steps", "stop after this many steps", Integer(1), var="TRAINPOD_MAX_STEPS"),
+    Setting("log_every", "steps between loss log points", Integer(1), var="TRAINPOD_LOG_EVERY", default=10),
+    Setting("checkpoint_dir", "save checkpoints here and resume from the newest; shared by all nodes (rank 0 writes)",
+            var="TRAINPOD_CHECKPOINT_DIR", metavar="DIR"),
+    Setting("checkpoint_every", "steps between checkpoints", Integer(1), var="TRAINPOD_CHECKPOINT_EVERY", default=10),
+    Setting("keep", "checkpoints kept", Integer(1, 10_000), var="TRAINPOD_CHECKPOINT_KEEP", default=3),
+    Setting("amp", "mixed precision: autocast to bfloat16 on CPU, float16 with a grad scaler on CUDA", Boolean(),
+            var="TRAINPOD_AMP", default=False),
+    Setting("amp_dtype", "what --amp computes in: auto (bfloat16 on CPU, float16 on CUDA), bfloat16, float16",
+            Choice(tuple(precision.DTYPES)), var="TRAINPOD_AMP_DTYPE", default="auto"),
+)
+
+
+@dataclass(frozen=True)
+class Data:
+    name: str  # "cifar10", "synthetic", "imagenet", ...: what the metrics call it
+    train: Dataset
+    test: Dataset
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What makes an example: its data, its model, its own options and its defaults."""
+
+    name: str
+    summary: str  # one line, the --help description
+    data: Callable[[Values, Callable[[str], None]], Data]  # (args, say) -> Data
+    model: Callable[[Values, Data, precision.Path], nn.Module]
+    options: tuple[Setting, ...] = ()  # the example's own, besides COMMON
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # COMMON defaults this example changes
+    parallel: str = "ddp"  # "ddp": one process per GPU (or CPU rank); "dp": one process, DataParallel
+    default_workers: Callable[[int], int] = lambda cpus: 0  # DataLoader workers from the CPUs per process
+
+    def settings(self) -> tuple[Setting, ...]:
+        common = tuple(dataclasses.replace(s, default=self.defaults[s.name]) if s.name in self.defaults else s for s in COMMON)
+        return common + self.options
+
+
+# --- pieces ----------------------------------------------------------------------------------------
+
+
+def parse_options(recipe: Recipe, argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> Values:
+    args = settings.parse_args(f"trainpod.examples ({recipe.name})", recipe.summary, recipe.settings(), argv,
+                               os.environ if env is None else env)
+    if args.backend is None:
+        args.backend = "nccl" if torch.cuda.is_available() and recipe.parallel == "ddp" else "gloo"
+    if args.backend == "nccl" and not torch.cuda.is_available():
+        origin = args.origins["backend"]
+        raise invalid(origin, "nccl", "gloo: NCCL needs CUDA, and torch sees no GPU here")
+    return args
+
+
+def lr_schedule(total_steps: int) -> Callable[[int], float]:
+    """LR factor for the step after `done` steps: linear warm-up, then a cosine down to 0 at the end."""
+    warmup = max(1, round(WARMUP_FRACTION * total_steps))
+
+    def factor(done: int) -> float:
+        if done < warmup:
+            return (done + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (done - warmup) / max(1, total_steps - warmup))))
+
+    return factor
+
+
+def seed_everything(seed: int, device: torch.device) -> None:
+    # The same seed on every rank: identical initial weights, and the same run gives the same
+    # weights again (which resuming from a checkpoint relies on).
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        # cuDNN's autotuner picks kernels by timing them, so two runs could differ; some CUDA ops
+        # have no deterministic kernel at all: warn about those rather than refuse to train.
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True)
+
+
+def device_for(recipe: Recipe, backend: str) -> torch.device:
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    if recipe.parallel == "dp" and torch.cuda.is_available():
+        return torch.device("cuda", 0)  # DataParallel's output device; the replicas use every GPU
+    return torch.device("cpu")
+
+
+def init_distributed(backend: str) -> None:
+    if "RANK" in os.environ:
+        dist.init_process_group(backend)  # env://: torchrun set MASTER_ADDR/PORT, RANK, WORLD_SIZE
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
+    if recipe.parallel == "dp":
+        # DataParallel splits each batch over the visible GPUs inside this one process.
+        return nn.DataParallel(model) if device.type == "cuda" and torch.cuda.device_count() > 1 else model
+    # One bucket per parameter: with more than 2 ranks the sum of a gradient element depends on
+    # where the element sits in its bucket, and DDP lays buckets out differently on the first step
+    # of every process (registration order) than later (the order gradients became ready). A
+    # resumed run would then add in another order than an uninterrupted one, and its weights would
+    # differ in the last bits. Alone in its bucket, a parameter always sits in the same place.
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   bucket_cap_mb_list=[PER_PARAMETER_BUCKET_MB])
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, (DistributedDataParallel, nn.DataParallel)) else model
+
+
+def sync(device: torch.device) -> None:
+    # CUDA runs asynchronously: without this, a timestamp says when work was queued, not done.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm statistics) on every rank. DDP broadcasts them before each
+    forward, so each rank's own last update is never used; after training it would still make
+    the ranks' checksums differ."""
+    if dist.get_world_size() > 1:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
+
+
+def make_loader(train_set: Dataset, sampler: ResumableDistributedSampler, args: Values, workers: int,
+                device: torch.device) -> DataLoader:
+    # A data set that seeds its augmentation per (epoch, index) gets the epoch with every index.
+    indices = EpochIndices(sampler) if getattr(train_set, "wants_epoch", False) else sampler
+    # An own generator: the DataLoader draws a seed per epoch, and should not take it from (and so
+    # shift) the global stream that the model's initialisation came from. The workers share the
+    # rank's process group, so torchrun's SIGTERM reaches them too: they ignore it.
+    return DataLoader(
+        train_set, batch_size=args.batch_size, sampler=indices, num_workers=workers, pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(args.seed), worker_init_fn=ignore_sigterm,
+        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+    )  # fmt: skip
+
+
+def gpus_used(recipe: Recipe, device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.device_count() if recipe.parallel == "dp" else 1
+
+
+def cpus_per_process() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+class TrainState:
+    """What a checkpoint holds, and the checkpoint calls every rank makes together."""
+
+    def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int, say):
+        self.recipe, self.checkpointer, self.stateful = recipe, checkpointer, stateful
+        self.sampler, self.rank, self.say = sampler, rank, say
+
+    def resume(self) -> tuple[int, list]:
+        """(step, loss curve) of the newest good checkpoint, its state restored; (0, []) without one."""
+        resumed = self.checkpointer.load_latest() if self.checkpointer else None
+        if resumed is None:
+            return 0, []
+        step, state = resumed
+        try:
+            for name, obj in self.stateful.items():
+                # A disabled GradScaler saves {}, which an enabled one refuses: --amp turned on at
+                # resume (on CUDA) starts the scaler afresh.
+                if name != "scaler" or state[name]:
+                    obj.load_state_dict(state[name])
+            self.sampler.load_state_dict(state["sampler"])
+            set_rng_state(state["rng"][self.rank])
+        except (KeyError, IndexError, ValueError, RuntimeError, TypeError) as exc:
+            # Another model, optimizer or world: retrying would fail the same way.
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"the checkpoint of step {step} in {self.checkpointer.directory} does not fit this {self.recipe.name} job "
+                f"({type(exc).__name__}: {first}): point --checkpoint-dir at this job's own directory"
+            ) from None
+        self.say(f"{self.recipe.name}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']})")
+        return step, state["loss_curve"]
+
+    def save(self, step: int, loss_curve: list) -> None:
+        """Every rank's RNG state goes into rank 0's checkpoint: a collective, so every rank calls this."""
+        rngs: list = [None] * dist.get_world_size()
+        dist.all_gather_object(rngs, rng_state())
+        if self.rank == 0:
+            state = {name: obj.state_dict() for name, obj in self.stateful.items()}
+            self.checkpointer.save(step, {**state, "sampler": self.sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve})
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, test_set: Dataset, device: torch.device, rank: int, world: int, path: precision.Path) -> float:
+    # Every world-th sample, not a DistributedSampler: that one pads the shards with repeats.
+    shard = Subset(test_set, range(rank, len(test_set), world))
+    counts = torch.zeros(2, dtype=torch.int64, device=device)  # correct, seen
+    model.eval()
+    for images, labels in DataLoader(shard, batch_size=EVAL_BATCH):
+        with path.autocast():
+            predicted = model(images.to(device)).argmax(dim=1)
+        counts[0] += (predicted == labels.to(device)).sum()
+        counts[1] += len(labels)
+    model.train()
+    all_reduce(counts)
+    return counts[0].item() / max(counts[1].item(), 1)
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def main(recipe: Recipe, argv: list[str] | None = None) -> int:
+    """Run `recipe` as a training script; its exit code (0, 143 after SIGTERM, 64/78 for bad input)."""
+    started = reporting.process_start_time()
+    try:
+        args = parse_options(recipe, argv)
+        grace = term_grace()  # checked first: a bad value is a configuration error, not a crash later
+        return train(recipe, args, grace, started)
+    except TrainpodError as error:
+        print(f"{recipe.name}: error: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+
+
+def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    bar = reporting.Progress(total_steps=0, epochs=args.epochs, enabled=rank == 0)
+    device = device_for(recipe, args.backend)
+    path = precision.choose(args.amp, getattr(args, "apex", None), device, dtype=args.amp_dtype,
+                            origin=args.origins.get("apex", ""))
+    seed_everything(args.seed, device)
+    data = recipe.data(args, bar.print)
+    workers = args.workers if args.workers is not None else recipe.default_workers(cpus_per_process())
+
+    init_distributed(args.backend)
+    preemption = None
+    try:
+        world = dist.get_world_size()
+        model = wrap(recipe.model(args, data, path).to(device), recipe, device)
+        optimizer = path.optimizer(args.optimizer, model.parameters(), args.lr)
+        loss_fn = nn.CrossEntropyLoss()
+        sampler = ResumableDistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        loader = make_loader(data.train, sampler, args, workers, device)
+
+        total_steps = args.epochs * math.ceil(sampler.num_samples / args.batch_size)
+        if args.max_steps:
+            total_steps = min(total_steps, args.max_steps)
+        bar.total_steps = total_steps
+        bar.print(f"{recipe.name}: world {world}, backend {args.backend}, {path.name} (apex: {path.apex_note}), "
+                  f"{total_steps} steps of {args.batch_size} per process, {workers} loader worker(s)")
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
+        scaler = path.grad_scaler()
+        stateful = {"model": unwrap(model), "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+        checkpointer = Checkpointer(args.checkpoint_dir, keep=args.keep) if args.checkpoint_dir else None
+        state = TrainState(recipe, checkpointer, stateful, sampler, rank, bar.print)
+        step, loss_curve = state.resume()
+        first_epoch = sampler.state_dict()["epoch"] if step else 1
+        throughput = reporting.Throughput(warmup_steps=WARMUP_STEPS)
+        window = torch.zeros(2, device=device)  # loss sum and steps since the last log point
+        loss, rate, first_step_at = (loss_curve[-1][1] if loss_curve else None), 0.0, None
+        # From here on a SIGTERM stops training after a step. Not before: until the loop runs there
+        # is nothing to save, and a rank blocked in init_process_group (a restart whose peers are
+        # gone) would hold a deferred SIGTERM until torchrun's SIGKILL, --term-grace later.
+        preemption = Preemption(grace)
+        training_started = time.time()
+        for epoch in range(first_epoch, args.epochs + 1):
+            if step >= total_steps:  # resumed from the last step's checkpoint
+                break
+            sampler.set_epoch(epoch)  # a different, still seeded, shuffle each epoch
+            for images, labels in loader:
+                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                optimizer.zero_grad(set_to_none=True)
+                with path.autocast():
+                    batch_loss = loss_fn(model(images), labels)
+                scaler.scale(batch_loss).backward()
+                scaler.unscale_(optimizer)  # the clipping must see the true gradients, not scaled ones
+                nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+                scaler.update()
+                scheduler.step()
+                sampler.advance(len(labels))  # what this rank trained on (the loader reads ahead)
+                step += 1
+                progress.step(step)
+                window[0] += batch_loss.detach().float()
+                window[1] += 1
+                if step in (1, WARMUP_STEPS):
+                    sync(device)
+                # DDP keeps ranks in step and the sampler gives every rank equal batches.
+                throughput.step(len(labels) * world)
+                if first_step_at is None:
+                    first_step_at = time.time()
+
+                log_point = step == 1 or step % args.log_every == 0 or step == total_steps
+                if log_point:  # the same steps on every rank: all_reduce is collective
+                    all_reduce(window)
+                    loss = (window[0] / window[1]).item()
+                    loss_curve.append([step, loss])
+                    window.zero_()
+                    rate = throughput.window()
+                bar.update(epoch, step, loss, rate, log_point)
+                checkpoint_step = checkpointer is not None and step % args.checkpoint_every == 0
+                if checkpoint_step:
+                    state.save(step, loss_curve)
+                if preemption.should_stop():  # a collective too: after every step, on every rank
+                    if checkpointer:
+                        if not checkpoint_step:
+                            state.save(step, loss_curve)
+                        checkpointer.close()  # durable before any rank exits
+                        saved = f"checkpoint of step {step} saved"
+                    else:
+                        saved = "no --checkpoint-dir: nothing saved"
+                    bar.print(f"{recipe.name}: stopped by SIGTERM at step {step}; {saved}")
+                    distributed.shutdown()
+                    return EXIT_CODE
+                if step >= total_steps:
+                    break
+        sync(device)
+        train_s = time.time() - training_started
+        if checkpointer:
+            checkpointer.close()  # every save durable before the job reports success
+        bar.close()
+
+        sync_buffers(unwrap(model))
+        accuracy = evaluate(model, data.test, device, rank, world, path)
+        checksum = reporting.state_dict_checksum(unwrap(model).state_dict())
+        rank_checksums: list[str | None] = [None] * world
+        dist.all_gather_object(rank_checksums, checksum)
+
+        if rank == 0:
+            metrics = {
+                "example": recipe.name,
+                "dataset": data.name,
+                "backend": args.backend,
+                "device": device.type,
+                "parallel": recipe.parallel,
+                "gpus_per_process": gpus_used(recipe, device),
+                "amp": args.amp,
+                "precision": path.name,
+                "apex": path.apex_note,
+                "optimizer": type(optimizer).__name__,
+                "world_size": world,
+                "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+                "epochs": args.epochs,
+                "steps": step,
+                "batch_size": args.batch_size,
+                "global_batch_size": args.batch_size * world,
+                "lr": args.lr,
+                "seed": args.seed,
+                "workers": workers,
+                "train_samples": len(data.train),
+                "test_samples": len(data.test),
+                "loss_curve": loss_curve,
+                "final_loss": loss,
+                "test_accuracy": accuracy,
+                "samples_per_sec": throughput.overall(),
+                # None when this run trained no step (it resumed from the last step's checkpoint).
+                "time_to_first_step_s": None if first_step_at is None else first_step_at - started,
+                "first_step_unix": first_step_at,  # wall clock, for timing from outside (bench/)
+                "train_s": train_s,
+                "elapsed_s": time.time() - started,
+                "checksum": checksum,
+                "rank_checksums": rank_checksums,
+                "torch": torch.__version__,
+            }
+            written = reporting.write_json_atomic(Path(args.output_dir) / reporting.METRICS_FILE, metrics)
+            bar.print(f"{recipe.name}: test accuracy {accuracy:.4f}, final loss {loss:.4f}, wrote {written}")
+            bar.print(reporting.metrics_line(metrics))
+        distributed.shutdown()  # barrier, then a teardown that cannot deadlock in gloo
+    finally:
+        if preemption is not None:
+            preemption.close()
+        distributed.shutdown(barrier=False)  # after an error; a no-op after the clean shutdown
+    return 0

@@ -1,0 +1,154 @@
+"""The examples' shared harness: options, the LR schedule, the checkpointed state, errors as one line."""
+
+import math
+import signal
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainpod.checkpoint import Checkpointer  # noqa: E402
+from trainpod.errors import ConfigError  # noqa: E402
+from trainpod.examples import cifar10, harness  # noqa: E402
+from trainpod.preemption import GRACE_VAR  # noqa: E402
+from trainpod.rng import rng_state  # noqa: E402
+from trainpod.samplers import ResumableDistributedSampler  # noqa: E402
+
+# --- options ---
+
+
+def test_amp_is_off_unless_asked():
+    assert harness.parse_options(cifar10.RECIPE, [], env={}).amp is False
+    assert harness.parse_options(cifar10.RECIPE, ["--amp"], env={}).amp is True
+    assert harness.parse_options(cifar10.RECIPE, [], env={"TRAINPOD_AMP": "1"}).amp is True
+    assert harness.parse_options(cifar10.RECIPE, ["--no-amp"], env={"TRAINPOD_AMP": "yes"}).amp is False  # the flag wins
+
+
+def test_a_bad_amp_variable_is_named():
+    with pytest.raises(ConfigError) as info:
+        harness.parse_options(cifar10.RECIPE, [], env={"TRAINPOD_AMP": "maybe"})
+    assert info.value.exit_code == 78
+    assert str(info.value).startswith("TRAINPOD_AMP='maybe': expected ")
+
+
+def test_a_bad_option_ends_the_example_with_one_line(capsys):
+    assert cifar10.main(["--max-steps", "-5"]) == 64
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cifar10-ddp: error: --max-steps='-5': expected ")
+
+
+def test_a_bad_grace_ends_the_example_with_one_line_and_78(monkeypatch, capsys):
+    monkeypatch.setenv(GRACE_VAR, "later")
+    before = signal.getsignal(signal.SIGTERM)
+    assert cifar10.main([]) == 78
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"cifar10-ddp: error: {GRACE_VAR}='later': ")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- the LR schedule ---
+
+
+@pytest.mark.parametrize("total", [1, 7, 64, 1000])
+def test_the_lr_warms_up_then_decays_to_zero(total):
+    factor = harness.lr_schedule(total)
+    warmup = max(1, round(harness.WARMUP_FRACTION * total))
+    values = [factor(done) for done in range(total + 1)]
+    assert all(0 <= v <= 1 for v in values)
+    assert values[warmup - 1] == 1.0 and values[0] > 0  # the first step already moves
+    assert values[:warmup] == sorted(values[:warmup])
+    assert values[warmup - 1 :] == sorted(values[warmup - 1 :], reverse=True)
+    assert math.isclose(values[total], 0.0, abs_tol=1e-12) or total == warmup
+
+
+# --- the checkpointed state ---
+
+
+def resume(directory, stateful, sampler):
+    checkpointer = Checkpointer(directory, log=lambda _: None)
+    return harness.TrainState(cifar10.RECIPE, checkpointer, stateful, sampler, 0, lambda _: None).resume()
+
+
+def training_state(seed: int, scaler_enabled: bool):
+    torch.manual_seed(seed)
+    model = cifar10.make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, harness.lr_schedule(40))
+    # A CPU scaler that is enabled, so that its state is not the empty dict of a disabled one.
+    scaler = torch.amp.GradScaler("cpu", enabled=scaler_enabled, init_scale=1024.0)
+    sampler = ResumableDistributedSampler(range(100), num_replicas=1, rank=0, seed=seed)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}, sampler
+
+
+def train_steps(stateful, sampler, steps: int) -> None:
+    model, optimizer, scheduler, scaler = (stateful[k] for k in ("model", "optimizer", "scheduler", "scaler"))
+    sampler.set_epoch(1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(torch.randn(4, 3, 32, 32)).square().mean()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        sampler.advance(4)
+
+
+def test_resume_restores_scheduler_scaler_optimizer_and_sampler(tmp_path):
+    stateful, sampler = training_state(0, scaler_enabled=True)
+    train_steps(stateful, sampler, 6)
+    stateful["scaler"].update(new_scale=512.0)  # a scale that differs from a fresh scaler's
+    with Checkpointer(tmp_path, log=lambda _: None) as checkpointer:
+        state = {name: obj.state_dict() for name, obj in stateful.items()}
+        checkpointer.save(6, {**state, "sampler": sampler.state_dict(), "rng": [rng_state()], "loss_curve": [[1, 2.3]]})
+
+    fresh, fresh_sampler = training_state(1, scaler_enabled=True)
+    step, curve = resume(tmp_path, fresh, fresh_sampler)
+    assert (step, curve) == (6, [[1, 2.3]])
+    assert fresh["scheduler"].last_epoch == stateful["scheduler"].last_epoch == 6
+    assert fresh["optimizer"].param_groups[0]["lr"] == stateful["optimizer"].param_groups[0]["lr"]
+    assert fresh["scaler"].get_scale() == 512.0
+    assert fresh_sampler.state_dict() == sampler.state_dict()
+    for a, b in zip(fresh["model"].state_dict().values(), stateful["model"].state_dict().values()):
+        assert torch.equal(a, b)
+    # The next LR is the uninterrupted schedule's.
+    fresh["scheduler"].step()
+    stateful["scheduler"].step()
+    assert fresh["optimizer"].param_groups[0]["lr"] == stateful["optimizer"].param_groups[0]["lr"]
+
+
+def test_a_disabled_scalers_empty_state_leaves_an_enabled_one_fresh(tmp_path):
+    stateful, sampler = training_state(0, scaler_enabled=False)
+    assert stateful["scaler"].state_dict() == {}
+    with Checkpointer(tmp_path, log=lambda _: None) as checkpointer:
+        state = {name: obj.state_dict() for name, obj in stateful.items()}
+        checkpointer.save(3, {**state, "sampler": sampler.state_dict(), "rng": [rng_state()], "loss_curve": []})
+    fresh, fresh_sampler = training_state(1, scaler_enabled=True)  # --amp turned on for the resumed run
+    assert resume(tmp_path, fresh, fresh_sampler)[0] == 3
+    assert fresh["scaler"].get_scale() == 1024.0
+
+
+def test_a_checkpoint_of_another_model_is_a_configuration_error(tmp_path):
+    stateful, sampler = training_state(0, scaler_enabled=False)
+    with Checkpointer(tmp_path, log=lambda _: None) as checkpointer:
+        state = {name: obj.state_dict() for name, obj in stateful.items()}
+        state["model"] = torch.nn.Linear(3, 4).state_dict()
+        checkpointer.save(5, {**state, "sampler": sampler.state_dict(), "rng": [rng_state()], "loss_curve": []})
+    fresh, fresh_sampler = training_state(1, scaler_enabled=False)
+    with pytest.raises(ConfigError) as info:
+        resume(tmp_path, fresh, fresh_sampler)
+    message = str(info.value)
+    assert "\n" not in message and "step 5" in message and str(tmp_path) in message and "--checkpoint-dir" in message
+
+
+def test_nccl_without_cuda_names_where_it_came_from():
+    with pytest.raises(ConfigError, match=r"^TRAINPOD_BACKEND='nccl': expected gloo"):
+        harness.parse_options(cifar10.RECIPE, [], env={"TRAINPOD_BACKEND": "nccl"})
+
+
+def test_recipes_change_common_defaults_only_for_themselves():
+    from trainpod.examples import cifar10_amp, cifar10_dp
+
+    assert harness.parse_options(cifar10_amp.RECIPE, [], env={}).amp is True
+    assert harness.parse_options(cifar10_dp.RECIPE, [], env={}).batch_size == 128
+    assert harness.parse_options(cifar10.RECIPE, [], env={}).batch_size == 64
