@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from trainpod import __version__, environments, job, log, settings
-from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError
+from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.resolve import Options, resolve_topology
@@ -119,6 +119,10 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
     example = EXAMPLES.get(values.example)
     fixed = (example.nproc_per_node, f"the example {example.name}") if example and example.nproc_per_node else None
     topology = resolve_topology(Options(**flags), env, resolve_names=resolve_names, nproc_per_node=fixed)
+    if example and example.max_nodes and topology.nnodes > example.max_nodes:
+        origin = topology.origins["nnodes"]
+        raise error_for(origin)(f"{origin}={topology.nnodes}: the example {example.name} trains on at most {example.max_nodes} "
+                                "node(s) (DataParallel stays in one process); across nodes use cifar10-ddp")
     target = _target(values.example, command, args.command, required)
     return topology, values, target
 

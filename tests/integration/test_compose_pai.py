@@ -6,6 +6,7 @@ import time
 import pytest
 
 from fixtures.docker_env import REPO, ComposeJob
+from trainpod.examples.reporting import parse_metrics_line
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -36,6 +37,42 @@ def test_two_nodes_train_to_identical_weights(job):
     assert re.search(r"^\[node0 rank0\] epoch 2/2 ", job.logs("node0"), re.M)
     listing = job.compose("run", "--rm", "--no-deps", "-T", "node1", "ls", "/workspace/output/checkpoints").stdout.split()
     assert listing[-2:] == ["ckpt-00000030.json", "ckpt-00000030.pt"], listing  # every 10 steps, on the shared volume
+
+
+# The other multi-node examples on the same 2-node job, small: the variables are the examples' option twins.
+OTHER_EXAMPLES = {
+    "cifar10-ddp-amp": {"TRAINPOD_SYNTHETIC_SAMPLES": "1024", "TRAINPOD_BATCH_SIZE": "32"},
+    "imagenet-ddp": {"TRAINPOD_IMAGE_SIZE": "32", "TRAINPOD_SYNTHETIC_SAMPLES": "256", "TRAINPOD_SYNTHETIC_CLASSES": "10",
+                     "TRAINPOD_BATCH_SIZE": "8", "TRAINPOD_WORKERS": "1"},
+}
+
+
+@pytest.mark.parametrize("example", list(OTHER_EXAMPLES))
+def test_each_multi_node_example_trains_on_two_nodes(example, tmp_path, docker_ready):
+    override = tmp_path / "example.yaml"
+    variables = "".join(f"      {name}: \"{value}\"\n" for name, value in OTHER_EXAMPLES[example].items())
+    override.write_text(f"services:\n  node0:\n    environment:\n{variables}  node1:\n    environment:\n{variables}")
+    job = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": "10.151.43", "TRAINPOD_EXAMPLE": example, "TRAINPOD_EPOCHS": "1"},
+                     overrides=(override,))
+    try:
+        job.up()
+        codes = job.wait("node0", "node1")
+        assert codes == {"node0": 0, "node1": 0}, job.logs("node0")[-3000:] + job.logs("node1")[-3000:]
+        metrics = job.metrics()
+        assert (metrics["example"], metrics["world_size"], metrics["nnodes"]) == (example, 4, 2)
+        assert len(set(metrics["rank_checksums"])) == 1
+        assert metrics["loss_curve"][-1][1] < metrics["loss_curve"][0][1], metrics["loss_curve"]
+    finally:
+        job.down()
+
+
+def test_the_data_parallel_example_trains_in_one_container(docker_ready):
+    from fixtures.docker_env import IMAGE, run
+
+    result = run("docker", "run", "--rm", "--shm-size", "256m", IMAGE, "trainpod", "run", "--example", "cifar10-dp", "--",
+                 "--epochs", "1", "--synthetic-samples", "512", "--output-dir", "/tmp/out", timeout=300)
+    metrics = parse_metrics_line(result.stdout)
+    assert (metrics["example"], metrics["world_size"], metrics["parallel"]) == ("cifar10-dp", 1, "dp")
 
 
 def test_a_worker_whose_master_never_comes_up_exits_69(job):

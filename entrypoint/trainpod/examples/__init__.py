@@ -19,6 +19,7 @@ class Example:
     args: tuple[str, ...] = ()
     nproc_per_node: int | None = None  # fixed processes per node (DataParallel: 1); None: one per GPU or rank
     nodes: int = 2  # the job size it is meant for (job files, compose)
+    max_nodes: int | None = None  # None: any; DataParallel trains on one node only
     gpus: int = 0  # GPUs per node it wants on a GPU cluster (0: any; it runs on the CPU too)
     backend: str | None = None  # None: nccl with GPUs, gloo without
     flavor: str = "cpu"  # the smallest image flavour that runs it (cuda-apex for Apex's kernels)
@@ -39,6 +40,7 @@ EXAMPLES: dict[str, Example] = {
             "CIFAR-10 DataParallel: one process per node over every visible GPU (the plain model on CPU)",
             nproc_per_node=1,
             nodes=1,
+            max_nodes=1,
         ),
         Example(
             "cifar10-ddp-amp",

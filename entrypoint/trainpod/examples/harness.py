@@ -330,6 +330,10 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
     preemption = None
     try:
         world = dist.get_world_size()
+        if recipe.parallel == "dp" and world > 1:
+            # DataParallel syncs nothing between processes: a bigger world would train diverging copies.
+            raise ConfigError(f"{recipe.name} runs as one process (DataParallel), but the world has {world}: "
+                              "launch it with --nproc-per-node 1 on one node, or use cifar10-ddp")
         model = wrap(recipe.model(args, data, path).to(device), recipe, device)
         optimizer = path.optimizer(args.optimizer, model.parameters(), args.lr)
         loss_fn = nn.CrossEntropyLoss()
