@@ -9,6 +9,8 @@
    and the training loop's stall per checkpoint vs a synchronous save.
 4. Recovery (bench/recovery.py, on this host): from SIGKILL of one rank to the next completed step,
    `trainpod run` vs bare `torchrun --max-restarts 3` on the same job; alternating runs, medians.
+5. The examples (bench/examples.py, in the compose nodes): samples/s of each, DDP scaling from 1
+   to 2 processes and from 1 to 2 nodes, and JPEG decoding vs the synthetic input.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recovery import report as recovery_report  # bench/ is on the path: python3 bench/run.py
+import examples  # bench/ is on the path: python3 bench/run.py
+from recovery import report as recovery_report
 
 HERE = Path(__file__).resolve().parent
 COMPOSE = ["docker", "compose", "-f", str(HERE / "compose.yaml")]
@@ -81,6 +84,19 @@ def bench_allreduce(port: int) -> dict:
     return tagged("\n".join(outputs), "bench-allreduce: ")
 
 
+def metrics_of(service: str, command: str) -> dict:
+    return tagged(finish(exec_in(service, command), command), "trainpod-metrics: ")
+
+
+def metrics_of_pair(command: str, what: str) -> dict:
+    nodes = [exec_in(f"node{rank}", command.format(rank=rank)) for rank in (0, 1)]
+    return tagged("\n".join(finish(node, f"{what} node{rank}") for rank, node in enumerate(nodes)), "trainpod-metrics: ")
+
+
+def bench_examples() -> dict:
+    return examples.measure(metrics_of, metrics_of_pair, lambda command: finish(exec_in("node0", command), "prepare"))
+
+
 def bench_checkpoint() -> dict:
     output = subprocess.run([sys.executable, str(HERE / "checkpoint.py")], capture_output=True, text=True, check=True).stdout
     return tagged(output, "bench-checkpoint: ")
@@ -102,6 +118,7 @@ def main() -> int:
         tcp = [bench_tcp(29700)]
         allreduce = bench_allreduce(29600)
         tcp.append(bench_tcp(29701))
+        example_figures = bench_examples()
     finally:
         subprocess.run([*COMPOSE, "down", "-t", "2"], capture_output=True)
 
@@ -129,6 +146,7 @@ def main() -> int:
           f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)")
 
     print("\n" + recovery_report(recovery))
+    print("\n" + examples.report(example_figures))
     return 0
 
 
