@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the 2-node OpenPAI CIFAR-10 DDP job of compose/pai-2node on this machine and print its
-# final metrics. Exits with the job's own result: non-zero if either node failed.
+# Run the 2-node OpenPAI job of compose/pai-2node on this machine (CIFAR-10 DDP, or the example
+# TRAINPOD_EXAMPLE names) and print its final metrics. Exits with the job's own result: non-zero
+# if either node failed.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,6 +33,7 @@ if [ -n "$metrics" ]; then
 import json, sys
 m = json.loads(sys.argv[1])
 same = len(set(m["rank_checksums"])) == 1
+print(f"  example           {m['example']} ({m['precision']})")
 print(f"  world size        {m['world_size']} ({m['nnodes']} nodes, {m['backend']})")
 print(f"  dataset           {m['dataset']}, {m['epochs']} epochs, {m['steps']} steps")
 print(f"  loss              {m['loss_curve'][0][1]:.4f} -> {m['final_loss']:.4f}")
