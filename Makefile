@@ -14,6 +14,10 @@ SHELL := /bin/bash
 
 PYTHON ?= python3
 DOCKER ?= docker
+# Each build step prints one line (what, how long) and keeps its output in build/logs/; VERBOSE=1
+# shows the output as it comes.
+STEP := scripts/step.sh
+LOGS := build/logs
 
 # The OS base of the images (make base); debian:bookworm-slim where it can be pulled.
 BASE_IMAGE ?= trainpod-base:bookworm
@@ -59,15 +63,19 @@ VCS_REF := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 TRAINPOD_SRC := $(shell find entrypoint -type f -not -path '*/__pycache__/*' \
 	-not -path '*.egg-info/*' -not -path 'entrypoint/build/*')
 
-.PHONY: help base wheelhouse images $(IMAGES) dev lint test demo bench clean clean-images
+.PHONY: help setup base wheelhouse images $(IMAGES) dev lint test demo bench clean clean-images
 
 help: ## list the targets
 	@grep -E '^([a-z-]+|\$$\(IMAGES\)):.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' \
 		'{ sub(/^\$$\(IMAGES\)$$/, "image-<flavour>", $$1); printf "  make %-16s %s\n", $$1, $$2 }'
 
+setup: ## provision this machine (Docker engine, Compose v2, debootstrap, host Python tools): only what is missing
+	@$(STEP) "provisioning what is missing (Docker, Compose, debootstrap, host tools)" $(LOGS)/setup.log \
+		bash .ci/provision.sh
+
 base: ## OS base image trainpod-base:bookworm: pull debian:bookworm-slim, else debootstrap it
-	IMAGE=$(BASE_IMAGE) PUBLIC_BASE=$(PUBLIC_BASE) OS_PACKAGES_FILE=$(OS_PACKAGES_FILE) \
-		DOCKER=$(DOCKER) bash images/make-base.sh
+	@$(STEP) "the OS base image $(BASE_IMAGE)" $(LOGS)/base.log env IMAGE=$(BASE_IMAGE) PUBLIC_BASE=$(PUBLIC_BASE) \
+		OS_PACKAGES_FILE=$(OS_PACKAGES_FILE) DOCKER=$(DOCKER) bash images/make-base.sh
 
 # Each build/wheelhouse/<flavour> is the build context of trainpod:<flavour>.
 wheelhouse: $(FLAVORS:%=build/wheelhouse/%/.trainpod) $(FLAVORS:%=build/wheelhouse/%/.os) ## pinned wheels for the images, in build/wheelhouse/<flavour>
@@ -76,12 +84,13 @@ wheelhouse: $(FLAVORS:%=build/wheelhouse/%/.trainpod) $(FLAVORS:%=build/wheelhou
 # flavour's as requirements-<flavour>.txt, which the Dockerfile installs). --no-deps: the
 # requirements files are the complete lock; a dependency missing there fails the image build.
 build/wheelhouse/%/.deps: images/requirements-common.txt $$(call requirements,$$*)
-	rm -rf $(@D) && mkdir -p $(@D)
-	$(PYTHON) -m pip download --disable-pip-version-check --no-deps $(PIP_TARGET) $(PIP_SOURCE_$*) \
+	@rm -rf $(@D) && mkdir -p $(@D)
+	@$(STEP) "the $* wheelhouse (pinned wheels, downloaded once)" $(LOGS)/wheelhouse-$*.log \
+		$(PYTHON) -m pip download --disable-pip-version-check --no-deps $(PIP_TARGET) $(PIP_SOURCE_$*) \
 		-d $(@D) -r $(call requirements,$*)
-	cp images/requirements-common.txt $(@D)/
-	cp $(call requirements,$*) $(@D)/requirements-$*.txt
-	touch $@
+	@cp images/requirements-common.txt $(@D)/
+	@cp $(call requirements,$*) $(@D)/requirements-$*.txt
+	@touch $@
 
 # A flavour's requirements file is written by hand: say so when it is missing.
 images/requirements-%.txt:
@@ -92,20 +101,21 @@ images/requirements-%.txt:
 # The OS package list and the script that installs it, for both stages of the Dockerfile (after
 # .deps, which empties the folder).
 build/wheelhouse/%/.os: $(OS_PACKAGES_FILE) images/install-os-packages.sh build/wheelhouse/%/.deps
-	cp $(OS_PACKAGES_FILE) $(@D)/os-packages.txt
-	cp images/install-os-packages.sh $(@D)/
-	touch $@
+	@cp $(OS_PACKAGES_FILE) $(@D)/os-packages.txt
+	@cp images/install-os-packages.sh $(@D)/
+	@touch $@
 
 # trainpod's own wheel, built from a clean copy of entrypoint/ (no stale build/ or egg-info), in a
 # folder of its own: the image installs it in a layer after the third-party wheels, so a change to
 # trainpod reuses the cached layer with torch instead of reinstalling everything.
 build/wheelhouse/%/.trainpod: build/wheelhouse/%/.deps $(TRAINPOD_SRC)
-	rm -rf build/src/$* $(@D)/trainpod && mkdir -p build/src/$* $(@D)/trainpod
-	tar -C entrypoint --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ -cf - . \
+	@rm -rf build/src/$* $(@D)/trainpod && mkdir -p build/src/$* $(@D)/trainpod
+	@tar -C entrypoint --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ -cf - . \
 		| tar -C build/src/$* -xf -
-	$(PYTHON) -m pip wheel --disable-pip-version-check --no-deps -w $(@D)/trainpod build/src/$*
-	rm -rf build/src
-	touch $@
+	@$(STEP) "trainpod's wheel" $(LOGS)/wheel-$*.log \
+		$(PYTHON) -m pip wheel --disable-pip-version-check --no-deps -w $(@D)/trainpod build/src/$*
+	@rm -rf build/src
+	@touch $@
 
 # trainpod:<flavour>, built from build/wheelhouse/<flavour>. The build is skipped when nothing
 # changed: build/image-<flavour>.ids holds the IDs of the runtime base, the builder base and the
@@ -120,32 +130,36 @@ image-build-args = -f images/Dockerfile --build-arg BASE_IMAGE=$(call base-image
 	--build-arg VERSION=$(VERSION) --build-arg VCS_REF=$(VCS_REF) build/wheelhouse/$(1)
 
 build/image-%.ids: images/Dockerfile build/wheelhouse/%/.trainpod build/wheelhouse/%/.os
-	$(DOCKER) build --target builder -t trainpod-builder:$* $(call image-build-args,$*)
-	$(DOCKER) build -t trainpod:$* $(call image-build-args,$*)
-	$(DOCKER) image prune -f --filter label=org.opencontainers.image.title=trainpod
-	$(call image-ids,$*) > $@
+	@$(STEP) "the $* builder stage (the venv)" $(LOGS)/builder-$*.log \
+		$(DOCKER) build --target builder -t trainpod-builder:$* $(call image-build-args,$*)
+	@$(STEP) "the image trainpod:$*" $(LOGS)/image-$*.log $(DOCKER) build -t trainpod:$* $(call image-build-args,$*)
+	@$(DOCKER) image prune -f --filter label=org.opencontainers.image.title=trainpod >/dev/null
+	@$(call image-ids,$*) > $@
 
 $(IMAGES): image-%: base build/wheelhouse/%/.trainpod build/wheelhouse/%/.os ## trainpod:<flavour>, for a flavour in FLAVORS
 	@[ "$$($(call image-ids,$*))" = "$$(cat build/image-$*.ids 2>/dev/null)" ] \
 		|| rm -f build/image-$*.ids
 	@$(MAKE) --no-print-directory build/image-$*.ids
-	@$(DOCKER) image ls trainpod:$*
+	@echo "==> trainpod:$* $$($(DOCKER) image inspect -f '{{.Size}}' trainpod:$* | awk '{ printf "%.2f GB", $$1 / 1e9 }')"
 
 images: base $(IMAGES) ## every image: the base, then trainpod:<flavour> for each flavour in FLAVORS
 
-dev: ## host setup: trainpod (editable), dev tools, CPU torch
+dev: build/dev.stamp ## host setup: trainpod (editable), dev tools, CPU torch
+
+build/dev.stamp: requirements-dev.txt entrypoint/pyproject.toml
 	$(PYTHON) -m pip install --disable-pip-version-check $(TORCH_CPU_SOURCE) \
 		-e ./entrypoint -r requirements-dev.txt torch==$(TORCH_VERSION)+cpu
+	@mkdir -p $(@D) && touch $@
 
 lint: ## ruff and hadolint
-	$(PYTHON) -m ruff check entrypoint tests bench
-	hadolint --config .hadolint.yaml images/Dockerfile*
+	@$(PYTHON) -m ruff check entrypoint tests bench
+	@hadolint --config .hadolint.yaml images/Dockerfile*
 
-test: lint ## lint, then the test suite (needs `make images` for the integration tests)
+test: setup images lint ## provision, build the images, lint, then the whole test suite
 	$(PYTHON) -m pytest tests
 
-demo: images ## two-node training with docker compose
-	bash compose/demo.sh
+demo: setup images ## provision, build the images, run a 2-node CPU training job with docker compose
+	@bash compose/demo.sh
 
 bench: images ## benchmarks
 	$(PYTHON) bench/run.py

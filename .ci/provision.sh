@@ -16,20 +16,28 @@ DOCKERD_WAIT_S=${DOCKERD_WAIT_S:-60}
 log() { printf 'provision: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-SUDO=()
-if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null || die "run as root, or install sudo"
-    SUDO=(sudo)
-fi
 export PATH="$PATH:/usr/sbin:/sbin"
 
-# 1. Debian packages, only those missing
+# Root (or sudo) only where something must be installed or started.
+SUDO=()
+need_root() {
+    if [ "$(id -u)" != 0 ] && [ ${#SUDO[@]} = 0 ]; then
+        command -v sudo >/dev/null || die "$1 needs root: run this as root, or install sudo"
+        SUDO=(sudo)
+    fi
+}
+
+# 1. Debian packages, only those missing (a host where Docker runs already needs no engine)
 missing=()
-command -v dockerd >/dev/null || missing+=(docker.io)
+command -v dockerd >/dev/null || docker info >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v make >/dev/null || missing+=(make)
 if [ ${#missing[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || die "missing ${missing[*]}, and this is no Debian or Ubuntu (no apt-get):" \
+        "install Docker Engine with Compose v2 (docs.docker.com/engine/install), debootstrap, iproute2 and make," \
+        "then run this again"
+    need_root "installing ${missing[*]}"
     log "installing ${missing[*]}"
     "${SUDO[@]}" apt-get update -q
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
@@ -41,6 +49,7 @@ if ! docker_up; then
     if pgrep -x dockerd >/dev/null; then
         log "dockerd runs but does not answer (yet): waiting"
     else
+        need_root "starting dockerd"
         log "starting dockerd (log: $DOCKERD_LOG)"
         # shellcheck disable=SC2016 # $1 is expanded by that inner sh
         "${SUDO[@]}" sh -c 'nohup setsid dockerd >>"$1" 2>&1 </dev/null &' sh "$DOCKERD_LOG"

@@ -11,9 +11,15 @@ cleanup() { "${compose[@]}" down -v --remove-orphans -t 5 >/dev/null 2>&1 || tru
 trap cleanup EXIT
 cleanup
 
-"${compose[@]}" up -d --no-build
-"${compose[@]}" logs -f --no-color &
-logs_pid=$!
+echo "==> the 2-node job (compose/pai-2node: 2 containers x 2 processes, gloo)"
+"${compose[@]}" --progress quiet up -d --no-build
+# docker logs, not compose logs: no escape codes in a log file, and every line already says
+# which node and rank it comes from.
+logs=()
+for service in node0 node1; do
+    docker logs -f "$("${compose[@]}" ps -a -q "$service")" 2>&1 &
+    logs+=($!)
+done
 
 # `compose up --abort-on-container-exit` races (the first node to finish stops the other);
 # waiting on each container gives every node's real exit code.
@@ -23,12 +29,13 @@ for service in node0 node1; do
     echo "demo: $service exited with $code"
     [ "$code" = 0 ] || status=1
 done
-wait "$logs_pid" 2>/dev/null || true
+wait "${logs[@]}" 2>/dev/null || true
 
-metrics=$("${compose[@]}" logs --no-color --no-log-prefix node0 | sed -n 's/.*trainpod-metrics: //p' | tail -n 1)
+# Global rank 0 wrote metrics.json to the volume both nodes share (docker cp reads stopped containers).
+metrics=$(docker cp "$("${compose[@]}" ps -a -q node0)":/workspace/output/metrics.json - 2>/dev/null | tar -xO || true)
 if [ -n "$metrics" ]; then
     echo
-    echo "final metrics (node0, rank 0):"
+    echo "final metrics (global rank 0):"
     python3 - "$metrics" <<'PY'
 import json, sys
 m = json.loads(sys.argv[1])

@@ -463,7 +463,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
             }
             written = reporting.write_json_atomic(Path(args.output_dir) / reporting.METRICS_FILE, metrics)
             bar.print(f"{recipe.name}: test accuracy {accuracy:.4f}, final loss {loss:.4f}, wrote {written}")
-            bar.print(reporting.metrics_line(metrics))
+            bar.print(reporting.metrics_line(reporting.summary(metrics, written)))
         distributed.shutdown()  # barrier, then a teardown that cannot deadlock in gloo
     finally:
         if preemption is not None:

@@ -2,7 +2,8 @@
 
 Shared by the examples so that every one of them prints and writes the same shapes, and tools
 (the benchmarks, the tests) read them one way: `metrics.json` in the output directory, and one
-stdout line `trainpod-metrics: {...}` for callers that see only the log.
+short stdout line `trainpod-metrics: {...}` (summary(): the main figures and where the file is)
+for callers that see only the log.
 """
 
 from __future__ import annotations
@@ -69,8 +70,26 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     return write_bytes_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
+# What the log line carries: enough to read a run at a glance and to time it from outside (bench/);
+# the loss curve and every rank's checksum stay in metrics.json.
+SUMMARY_KEYS = ("example", "dataset", "precision", "world_size", "nnodes", "steps", "final_loss", "test_accuracy",
+                "samples_per_sec", "first_step_unix", "checksum")
+
+
+def summary(metrics: Mapping[str, Any], path: str | os.PathLike) -> dict[str, Any]:
+    """The short form of `metrics` for the log: a few figures, whether the ranks agree, and the file."""
+    short = {key: metrics[key] for key in SUMMARY_KEYS if key in metrics}
+    for key in ("final_loss", "test_accuracy", "samples_per_sec"):
+        if isinstance(short.get(key), float):
+            short[key] = round(short[key], 4)
+    if "rank_checksums" in metrics:
+        short["ranks_agree"] = len(set(metrics["rank_checksums"])) == 1
+    short["metrics"] = str(path)
+    return short
+
+
 def metrics_line(metrics: Mapping[str, Any]) -> str:
-    """The one stdout line that carries the metrics (json.dumps never emits a newline)."""
+    """The one stdout line that carries (the summary of) the metrics (json.dumps never emits a newline)."""
     return METRICS_PREFIX + json.dumps(metrics)
 
 
