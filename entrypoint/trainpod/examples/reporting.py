@@ -84,7 +84,7 @@ def summary(metrics: Mapping[str, Any], path: str | os.PathLike) -> dict[str, An
             short[key] = round(short[key], 4)
     if "rank_checksums" in metrics:
         short["ranks_agree"] = len(set(metrics["rank_checksums"])) == 1
-    short["metrics"] = str(path)
+    short["metrics"] = str(Path(path).absolute())
     return short
 
 

@@ -215,3 +215,15 @@ def test_progress_disabled_prints_nothing():
     progress.print("x")
     progress.close()
     assert out.getvalue() == ""
+
+
+def test_the_log_line_is_a_short_summary_that_names_the_file(tmp_path):
+    from trainpod.examples.reporting import summary
+
+    metrics = {"example": "cifar10-ddp", "steps": 32, "final_loss": 0.661150395870, "loss_curve": [[1, 2.3]] * 500,
+               "checksum": "ab" * 32, "rank_checksums": ["ab" * 32] * 4}
+    short = summary(metrics, tmp_path / "metrics.json")
+    assert short["ranks_agree"] is True and short["final_loss"] == 0.6612 and "loss_curve" not in short
+    assert short["metrics"] == str(tmp_path / "metrics.json")
+    assert len(metrics_line(short)) < 400
+    assert summary({**metrics, "rank_checksums": ["a", "b"]}, "m.json")["ranks_agree"] is False

@@ -1,0 +1,44 @@
+"""The image as users run it: a hardened `docker run` trains, and a code change is a small layer."""
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from fixtures.docker_env import IMAGE, run
+from trainpod.examples.reporting import parse_metrics_line
+
+pytestmark = [pytest.mark.docker]
+
+# The README's hardened run: read-only root, no capabilities, no new privileges, writable tmpfs
+# only where the job writes, owned by the image's user (uid 1000).
+HARDENED = ["--read-only", "--tmpfs", "/tmp", "--tmpfs", "/workspace/output:uid=1000,gid=1000", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--shm-size", "256m"]
+
+
+def test_a_hardened_run_trains_and_writes_its_metrics(docker_ready):
+    result = run("docker", "run", "--rm", *HARDENED, IMAGE, "trainpod", "run", "--nproc-per-node", "2", "--example",
+                 "cifar10-ddp", "--", "--epochs", "1", "--synthetic-samples", "512", timeout=300, check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    metrics = parse_metrics_line(result.stdout)
+    assert metrics["ranks_agree"] and metrics["metrics"] == "/workspace/output/metrics.json"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def layers(image: str) -> list[tuple[int, str]]:
+    """(size in bytes, the instruction) of each layer, the newest first."""
+    out = subprocess.run(["docker", "history", "--no-trunc", "--human=false", "--format", "{{json .}}", image],
+                         capture_output=True, text=True, check=True).stdout
+    return [(int(entry["Size"]), entry["CreatedBy"]) for entry in map(json.loads, out.splitlines())]
+
+
+def test_trainpods_own_code_is_a_layer_of_well_under_10_mb(docker_ready):
+    # Docker's cache rebuilds a layer and everything after it: trainpod's wheel must come after the
+    # venv (torch and the other wheels) and be small, so that a code change is a small push and pull.
+    history = layers(IMAGE)
+    venv = next(i for i, (_, created) in enumerate(history) if re.search(r"COPY .*(/opt/trainpod/venv|dir:)", created)
+                and history[i][0] > 500e6)
+    after_venv = history[:venv]
+    assert any("trainpod" in created and "pip" in created for _, created in after_venv), [c[:120] for _, c in after_venv]
+    assert sum(size for size, _ in after_venv) < 10e6, [(size, created[:80]) for size, created in after_venv]
