@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -147,8 +148,6 @@ def lr_schedule(total_steps: int) -> Callable[[int], float]:
 def seed_everything(seed: int, device: torch.device) -> None:
     # The same seed on every rank: identical initial weights, and the same run gives the same
     # weights again (which resuming from a checkpoint relies on).
-    import random
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
