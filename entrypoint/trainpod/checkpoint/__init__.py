@@ -48,9 +48,11 @@ values with copy.deepcopy), and hands that snapshot to a background thread: the 
 its model as soon as save() returns. The snapshot's buffers are kept and reused by the next save
 whenever a tensor has the same shape, dtype and strides, so a save costs a memcpy, not a fresh
 allocation and its page faults; close() releases them. GPU tensors go into pinned buffers. The
-background thread streams torch.save into the temporary file and feeds each chunk to the sha256
-just before writing it, so the digest is that of the bytes as written; hashlib releases the GIL on
-large chunks, so the training thread runs on meanwhile.
+background thread streams torch.save into the temporary file; a second thread trails it, reading
+each 4 MiB block back (from the page cache) as soon as it is written and feeding it to the sha256.
+So hashing overlaps the write and the fsync instead of adding to them, and the digest is that of
+the bytes in the file, which is what load_latest() checks; a failed read fails the save like a
+failed write. Writing, reading and hashing release the GIL, so the training thread runs on.
 
 Interpreter exit. The writer thread is not a daemon: a script that ends (or dies of an exception)
 with a save in flight still finishes that save before the process exits. A failure then is
@@ -151,40 +153,97 @@ def _find_os_error(exc: BaseException | None) -> OSError | None:
 # --- writing -----------------------------------------------------------------------------------
 
 
+_HASH_BLOCK = 4 << 20  # what the hashing thread reads at a time; also how far apart it is woken
+
+
 class _HashingWriter:
-    """The file object torch.save writes to: each chunk goes into the sha256, then into the file."""
+    """The file object torch.save writes to; a thread trailing the write hashes the file's bytes.
+
+    Each block written is published (flushed to the OS, its end announced) and the thread reads it
+    back with pread into the sha256: the digest is that of the bytes in the file, whatever torch.save
+    does with its buffers after write() returns. The price: a thread and one more copy of each byte,
+    from the page cache (or from the disk, slower but still right, if memory pressure evicted it);
+    what it buys over hashing each chunk before writing it: the hashing overlaps the write and the
+    fsync (bench/checkpoint.py). Use it as a context manager (the thread lives inside it), and
+    stop(abort=False) before the fsync so that the thread hashes the tail meanwhile; hexdigest()
+    waits for it.
+    """
 
     def __init__(self, file):
         self._file = file
+        self._fd = file.fileno()
         self._hash = hashlib.sha256()
-        self.size = 0
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._hash_file, name="trainpod-checkpoint-hash")
+        self.size = 0  # bytes handed to the file
+        self._published = 0  # bytes in the file, which the thread may read
+        self._hashed = 0
+        self._ended = self._aborted = False
+        self._error: BaseException | None = None
         self.os_error: OSError | None = None  # torch.save may re-wrap it; the cause is kept here
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        # Hashed here, in the writer thread: hashlib releases the GIL on large chunks, so the
-        # training thread runs on. What this gives up: a hashing thread trailing the write would
-        # also overlap the fsync, making save()+wait() shorter (by 0.05 to 0.1 s per 100 MB here and
-        # on a 16-core host, bench/checkpoint.py), at the price of a queue and of knowing
-        # which of torch.save's buffers outlive write().
-        self._hash.update(view)
-        self.size += view.nbytes
-        try:
-            self._file.write(view)
-        except OSError as exc:
-            self.os_error = self.os_error or exc
-            raise
+        for start in range(0, view.nbytes, _HASH_BLOCK):  # a large tensor is hashed while it is written
+            piece = view[start : start + _HASH_BLOCK]
+            self._keep_os_error(self._file.write, piece)
+            self.size += piece.nbytes
+            if self.size - self._published >= _HASH_BLOCK:
+                self.flush()
         return view.nbytes
 
     def flush(self) -> None:
+        self._keep_os_error(self._file.flush)
+        with self._cond:
+            self._published = self.size
+            self._cond.notify()
+
+    def _keep_os_error(self, call, *args) -> None:
         try:
-            self._file.flush()
+            call(*args)
         except OSError as exc:
             self.os_error = self.os_error or exc
             raise
 
+    def _hash_file(self) -> None:
+        try:
+            block = memoryview(bytearray(_HASH_BLOCK))
+            while True:
+                with self._cond:
+                    while self._hashed == self._published and not self._ended:
+                        self._cond.wait()
+                    if self._aborted or self._hashed == self._published:
+                        return
+                    n = min(self._published - self._hashed, _HASH_BLOCK)
+                n = os.preadv(self._fd, [block[:n]], self._hashed)
+                if n == 0:
+                    raise OSError(errno.EIO, f"the file ends at {self._hashed} bytes, {self._published} were written")
+                self._hash.update(block[:n])
+                self._hashed += n
+        except BaseException as exc:  # reported by hexdigest(): a digest that missed bytes would condemn a good file
+            self._error = exc
+
+    def stop(self, *, abort: bool) -> None:
+        """No more writes: the thread hashes the rest of the file, or with abort stops after its block."""
+        with self._cond:
+            self._ended = True
+            self._aborted = self._aborted or abort
+            self._cond.notify()
+
     def hexdigest(self) -> str:
+        self.stop(abort=False)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self._hash.hexdigest()
+
+    def __enter__(self) -> _HashingWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop(abort=True)
+        self._thread.join()
 
 
 class _Job:
@@ -398,14 +457,15 @@ class Checkpointer:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{files.data_name(job.step)}.", suffix=files.TEMP_SUFFIX)
         writer = None
         try:
-            with open(fd, "wb") as f:
+            with open(fd, "wb") as f, _HashingWriter(f) as writer:
                 make_shareable(f.fileno())
-                writer = _HashingWriter(f)
                 torch.save(job.state, writer)
                 failpoints.hit("checkpoint-write", job.step, directory)
-                f.flush()
+                writer.flush()
+                writer.stop(abort=False)  # the hashing thread reads the tail while fsync runs
                 os.fsync(f.fileno())
                 size = os.fstat(f.fileno()).st_size
+                digest = writer.hexdigest()
             if size != writer.size:
                 raise OSError(errno.EIO, f"wrote {writer.size} bytes but the file holds {size}")
         except BaseException:
@@ -414,7 +474,7 @@ class Checkpointer:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        return tmp, size, writer.hexdigest()
+        return tmp, size, digest
 
     def _retain(self, newest: int) -> None:
         try:

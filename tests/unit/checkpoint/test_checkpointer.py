@@ -1,5 +1,6 @@
 """The Checkpointer: saves in the background, in order, keep K, one-line errors, kills and exits."""
 
+import errno
 import hashlib
 import json
 import os
@@ -18,7 +19,20 @@ torch = pytest.importorskip("torch")
 
 from fixtures.checkpoints import data_name, load, manifest_name, save_steps  # noqa: E402
 from fixtures.states import assert_same, training_state  # noqa: E402
+from trainpod import checkpoint  # noqa: E402
 from trainpod.checkpoint import Checkpointer, CheckpointError  # noqa: E402
+
+BLOCK = checkpoint._HASH_BLOCK  # what the hashing thread reads at a time
+
+
+def hashing_threads():
+    return [thread for thread in threading.enumerate() if thread.name == "trainpod-checkpoint-hash"]
+
+
+def assert_manifest_matches(directory, step):
+    manifest = json.loads((directory / manifest_name(step)).read_text())
+    data = (directory / data_name(step)).read_bytes()
+    assert (manifest["size"], manifest["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
 
 
 def unavailable(reason):
@@ -108,6 +122,68 @@ def test_save_checks_its_arguments_and_refuses_after_close(tmp_path):
         ckpt.save(1, {})
 
 
+# --- the sha256, hashed by a thread that reads the file back behind the write ---------------------
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK - 4000, 3 * BLOCK + 4000])
+def test_the_sha256_covers_every_byte_whatever_the_chunk_sizes(tmp_path, nbytes):
+    generator = torch.Generator().manual_seed(nbytes)
+    # torch.save writes each tensor's bytes as one chunk, between small headers.
+    state = {"a": torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator), "b": torch.arange(BLOCK // 8 + 3)}
+    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
+        ckpt.save(1, state)
+        ckpt.wait()
+        assert not hashing_threads()
+    assert_manifest_matches(tmp_path, 1)
+    (step, loaded), _ = load(tmp_path)
+    assert step == 1 and torch.equal(loaded["a"], state["a"]) and torch.equal(loaded["b"], state["b"])
+
+
+def test_the_sha256_is_of_the_bytes_in_the_file_though_the_writer_reuses_its_buffer(tmp_path, monkeypatch):
+    def save_through_one_buffer(state, f):
+        buffer = bytearray(BLOCK + 5)
+        for fill in range(4):
+            buffer[:] = bytes([fill]) * len(buffer)
+            f.write(buffer)
+            buffer[:] = b"\xff" * len(buffer)  # changed as soon as write() returns, before it is hashed
+        f.flush()
+
+    monkeypatch.setattr(torch, "save", save_through_one_buffer)
+    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
+        ckpt.save(1, {})
+    assert (tmp_path / data_name(1)).read_bytes() == b"".join(bytes([fill]) * (BLOCK + 5) for fill in range(4))
+    assert_manifest_matches(tmp_path, 1)
+
+
+@pytest.mark.parametrize("failure", ["error", "short"])
+def test_a_failed_read_of_the_hashing_thread_fails_the_save_and_stops_it(tmp_path, monkeypatch, failure):
+    preadv, reads = os.preadv, []
+
+    def failing_preadv(fd, buffers, offset):
+        reads.append(offset)
+        if len(reads) < 2:  # the first block hashes; the second read fails
+            return preadv(fd, buffers, offset)
+        if failure == "short":
+            return 0
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    ckpt = Checkpointer(tmp_path, log=lambda line: None)
+    ckpt.save(1, {"w": torch.ones(10)})
+    ckpt.wait()
+    monkeypatch.setattr(os, "preadv", failing_preadv)
+    ckpt.save(2, {"w": torch.ones(3 * BLOCK // 4)})  # 3 blocks
+    with pytest.raises(CheckpointError) as raised:
+        ckpt.wait()
+    monkeypatch.undo()
+    reason = "Input/output error" if failure == "error" else f"the file ends at {BLOCK} bytes, "
+    assert str(raised.value).startswith(f"could not save checkpoint step 2 in {tmp_path} ({data_name(2)}): {reason}")
+    assert len(reads) == 2 and not hashing_threads()
+    assert sorted(os.listdir(tmp_path)) == sorted([data_name(1), manifest_name(1)])  # no temporary file left
+    ckpt.save(3, {"w": torch.ones(BLOCK)})
+    ckpt.close()
+    assert_manifest_matches(tmp_path, 3)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs: a full disk on demand (needs root or CAP_SYS_ADMIN)."""
@@ -145,7 +221,7 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk)
 # loop until it is killed, "exit DIR" saves and ends the interpreter without wait(), "fsize DIR"
 # saves under a file size limit (RLIMIT_FSIZE: a real write error without root).
 ZYGOTE = r"""
-import os, resource, signal, sys
+import os, resource, signal, sys, threading
 import torch
 from trainpod.checkpoint import Checkpointer, CheckpointError
 
@@ -171,15 +247,16 @@ def exit_without_wait(directory):
 
 def file_too_large(directory):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (9 << 20, 9 << 20))
     ckpt = Checkpointer(directory, log=lambda line: print("log", line, flush=True))
-    ckpt.save(1, {"w": torch.ones(1_000_000)})  # 4 MB past a 1 MiB limit
+    ckpt.save(1, {"w": torch.ones(4_000_000)})  # 16 MB past a 9 MiB limit: after two hashed blocks
     for call in (ckpt.wait, ckpt.wait, lambda: ckpt.save(2, {"w": torch.ones(10)}), ckpt.close):
         try:
             call()
             print("ok", flush=True)
         except CheckpointError as exc:
             print("raised", exc, flush=True)
+    print("threads", " ".join(sorted(thread.name for thread in threading.enumerate())), flush=True)
     sys.exit(0)
 
 for line in sys.stdin:
@@ -284,5 +361,5 @@ def test_a_write_error_is_raised_once_naming_the_os_error(tmp_path, zygote):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     error = f"could not save checkpoint step 1 in {tmp_path} ({data_name(1)}): File too large"
     # torch.save re-wraps the failed write in its own RuntimeError; the OS error is what is reported.
-    assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok"]
+    assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok", "threads MainThread"]  # no thread left behind
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(2), manifest_name(2)])  # no temporary file left
