@@ -13,9 +13,10 @@ once register() ran in the agent's process, before torchrun creates the handler:
                                 "--rdzv-id", RUN_ID, "--nnodes", "1:4", ...])
 
 `python -m trainpod.rendezvous.torchrun ARGS` does exactly that. Options (torchrun's --rdzv-conf):
-`read_timeout` (seconds each etcd request may take, default 60, as torch's backends), `ttl` (the
-lease, below; default 7200) and those of torch's dynamic rendezvous (join_timeout,
-last_call_timeout, close_timeout, heartbeat, keep_alive_interval, keep_alive_max_attempt).
+`read_timeout` (seconds each etcd request may take, and an agent may wait for a key of the
+store, default 60, as torch's c10d backend uses it for its TCPStore), `ttl` (the lease, below;
+default 7200) and those of torch's dynamic rendezvous (join_timeout, last_call_timeout,
+close_timeout, heartbeat, keep_alive_interval, keep_alive_max_attempt).
 
 The state. torch's DynamicRendezvousHandler keeps the whole rendezvous (participants, wait list,
 heartbeats, round, closed) in one opaque byte string and asks its backend only to read it and to
@@ -244,7 +245,7 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdV3Backend, EtcdV3S
     client = _client(params)
     lease = Lease(client, params.get_as_int("ttl", DEFAULT_TTL) or DEFAULT_TTL)
     backend = EtcdV3Backend(client, params.run_id, lease)
-    store = EtcdV3Store(client, f"{KEY_PREFIX}{params.run_id}/store/", lease)
+    store = EtcdV3Store(client, f"{KEY_PREFIX}{params.run_id}/store/", lease, timedelta(seconds=client.timeout))
     return backend, store
 
 

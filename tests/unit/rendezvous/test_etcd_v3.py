@@ -1,5 +1,6 @@
 """The etcd-v3 rendezvous backend and store against a real etcd (started without --enable-v2)."""
 
+import http.server
 import threading
 import time
 import uuid
@@ -13,6 +14,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.elastic.rendezvous import (  # noqa: E402
     RendezvousConnectionError,
     RendezvousParameters,
+    RendezvousStateError,
     rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler  # noqa: E402
@@ -241,3 +243,38 @@ def test_two_handlers_form_a_world_of_two(etcd):
     for h in handlers:
         h.shutdown()
     assert handlers[0].is_closed()
+
+
+def test_the_store_waits_as_long_as_the_read_timeout(etcd):
+    _, store = etcd_v3.create_backend(params(etcd.endpoint, read_timeout=7))
+    assert store.timeout == timedelta(seconds=7)
+
+
+class _Garbled(http.server.BaseHTTPRequestHandler):
+    answer = b"{}"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.answer)))
+        self.end_headers()
+        self.wfile.write(self.answer)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("answer,match", [
+    (b'{"kvs": [{"value": "not base64!", "mod_revision": "3"}]}', "not base64"),
+    (b'{"kvs": [{"value": "YQ=="}]}', "lacks a field"),
+])  # fmt: skip
+def test_an_answer_etcd_would_not_give_is_a_state_error(answer, match):
+    handler = type("Answer", (_Garbled,), {"answer": answer})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RendezvousStateError, match=match):
+            backend(f"127.0.0.1:{server.server_address[1]}").get_state()
+    finally:
+        server.shutdown()
+        server.server_close()
