@@ -50,6 +50,13 @@ samples dropped with drop_last), and the new state's offset records where that s
 So no sample of the epoch is skipped and at most num_replicas - 1 are repeated as padding, as
 within any epoch; with drop_last the dropped tail may differ from the one the old world would
 have dropped. This assumes what a lockstep DDP loop guarantees: every old rank consumed `index`.
+
+Elastic jobs, whose world size changes at each membership change, use ElasticSampler instead: the
+same order and shards, but the padding is never trained (each rank learns from plan() how much
+of a batch is real), so no sample is repeated or dropped however often the world changes, and its
+state is the number of the epoch's samples the whole world consumed. Ledger records which samples
+the committed steps trained on and checks that each epoch was trained exactly once. Both classes'
+docstrings say how to use them, how uneven last batches meet DDP, and the batch and LR rule.
 """
 
 from __future__ import annotations
