@@ -89,7 +89,7 @@ class _Errors:
         if isinstance(exc, binascii.Error):
             raise RendezvousStateError(f"{NAME} rendezvous: a value in etcd is not base64 ({exc})") from None
         if isinstance(exc, (KeyError, IndexError, TypeError, ValueError)):
-            raise RendezvousStateError(f"{NAME} rendezvous: etcd's answer lacks a field ({type(exc).__name__}: {exc})") from None
+            raise RendezvousStateError(f"{NAME} rendezvous: an answer etcd would not give ({type(exc).__name__}: {exc})") from None
         return False
 
 
@@ -186,49 +186,54 @@ class EtcdV3Store(dist.Store):
         return self.prefix + _bytes(key)
 
     def set(self, key, value) -> None:
+        key, value = self._key(key), _bytes(value)
         with _Errors():
-            _with_lease(self.lease, lambda lease: self.client.put(self._key(key), _bytes(value), lease))
+            _with_lease(self.lease, lambda lease: self.client.put(key, value, lease))
 
     def get(self, key) -> bytes:
         return self._wait([key], self.timeout)[0]
 
     def add(self, key, num: int) -> int:
-        with _Errors():
-            while True:
-                current = self.client.get(self._key(key))
-                value = (int(current[0]) if current else 0) + num
+        key = self._key(key)
+        while True:
+            with _Errors():
+                current = self.client.get(key)
+            value = (int(current[0]) if current else 0) + num  # c10d's counters are decimal strings
+            with _Errors():
                 done, _ = _with_lease(self.lease, lambda lease, current=current, value=value: self.client.cas(
-                    self._key(key), str(value).encode(), current[1] if current else 0, lease))
-                if done:
-                    return value
+                    key, str(value).encode(), current[1] if current else 0, lease))
+            if done:
+                return value
 
     def check(self, keys) -> bool:
+        keys = [self._key(k) for k in keys]
         with _Errors():
-            return all(self.client.get(self._key(k)) is not None for k in keys)
+            return all(self.client.get(k) is not None for k in keys)
 
     def wait(self, keys, override_timeout: Optional[timedelta] = None) -> None:
         self._wait(keys, override_timeout or self.timeout)
 
     def _wait(self, keys: Sequence, timeout: timedelta) -> list[bytes]:
         deadline = time.monotonic() + timeout.total_seconds()
-        found: dict[int, bytes] = {}
+        wanted = [self._key(k) for k in keys]
+        found: dict[bytes, bytes] = {}
         pause = POLL_FIRST
-        with _Errors():
-            while True:
-                for i, key in enumerate(keys):
-                    if i not in found:
-                        current = self.client.get(self._key(key))
-                        if current is not None:
-                            found[i] = current[0]
-                if len(found) == len(keys):
-                    return [found[i] for i in range(len(keys))]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = [keys[i] for i in range(len(keys)) if i not in found]
-                    raise dist.DistStoreError(f"{NAME} store: timed out after {timeout.total_seconds():g} s "
-                                              f"waiting for {missing} at {self.client.endpoint}")
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, POLL_MAX)
+        while True:
+            for key in wanted:
+                if key not in found:
+                    with _Errors():
+                        current = self.client.get(key)
+                    if current is not None:
+                        found[key] = current[0]
+            if len(found) == len(set(wanted)):
+                return [found[k] for k in wanted]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [k for k, w in zip(keys, wanted) if w not in found]
+                raise dist.DistStoreError(f"{NAME} store: timed out after {timeout.total_seconds():g} s "
+                                          f"waiting for {missing} at {self.client.endpoint}")
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, POLL_MAX)
 
 
 def _client(params: RendezvousParameters) -> EtcdClient:
