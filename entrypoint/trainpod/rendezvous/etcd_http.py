@@ -3,7 +3,7 @@
     client = EtcdClient("10.0.0.1:2379,10.0.0.2:2379", timeout=5)
     client.get(b"/k")                        # (value, mod_revision) or None
     client.cas(b"/k", b"v", mod_revision=0)  # put only if the key is absent (0) or unchanged
-    info = probe("10.0.0.1:2379", timeout=5) # EtcdInfo(endpoint, version, cluster_version, v2_enabled)
+    info = probe("10.0.0.1:2379", timeout=5) # EtcdInfo(version, cluster_version, v2_enabled, endpoint)
 
 Every etcd from 3.4 on serves `/v3/...` on its client port with no extra flag (3.3 called it
 `/v3beta`). Keys and values travel base64-encoded in JSON, numbers (revisions, lease ids) as
@@ -53,10 +53,10 @@ class EtcdResponseError(ConfigError):
 
 @dataclass(frozen=True)
 class EtcdInfo:
-    endpoint: str  # the endpoint that answered
     version: str  # the server's version, "3.4.23"
     cluster_version: str  # the cluster's, "3.4.0"
     v2_enabled: bool  # GET /v2/keys/ answered: torch's `etcd` and `etcd-v2` rendezvous can work
+    endpoint: str  # the endpoint that answered
 
 
 def parse_endpoints(endpoints: Union[str, Sequence[str]]) -> list[str]:

@@ -3,6 +3,8 @@
 On this host, with etcd started with and without --enable-v2: the v3 backend needs only the v3 API.
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import subprocess
