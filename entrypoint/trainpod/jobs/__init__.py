@@ -18,10 +18,11 @@ from trainpod import settings
 from trainpod.errors import error_for
 from trainpod.examples import EXAMPLES, Example
 from trainpod.jobs.base import JobRequest, Scheduler
+from trainpod.jobs.kubeflow import KubeflowJob
 from trainpod.jobs.openpai import OpenPAIJob
 from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Integer, Invalid, Setting, Switch
 
-REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob,)}
+REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob)}
 
 
 @dataclass(frozen=True)
