@@ -25,21 +25,9 @@ for service in node0 node1; do
 done
 wait "$logs_pid" 2>/dev/null || true
 
-metrics=$("${compose[@]}" logs --no-color --no-log-prefix node0 | sed -n 's/.*trainpod-metrics: //p' | tail -n 1)
-if [ -n "$metrics" ]; then
+log0=$("${compose[@]}" logs --no-color --no-log-prefix node0)
+if grep -q 'trainpod-metrics: ' <<<"$log0"; then
     echo
-    echo "final metrics (node0, rank 0):"
-    python3 - "$metrics" <<'PY'
-import json, sys
-m = json.loads(sys.argv[1])
-same = len(set(m["rank_checksums"])) == 1
-print(f"  example           {m['example']} ({m['precision']})")
-print(f"  world size        {m['world_size']} ({m['nnodes']} nodes, {m['backend']})")
-print(f"  dataset           {m['dataset']}, {m['epochs']} epochs, {m['steps']} steps")
-print(f"  loss              {m['loss_curve'][0][1]:.4f} -> {m['final_loss']:.4f}")
-print(f"  test accuracy     {m['test_accuracy']:.3f}")
-print(f"  samples/s         {m['samples_per_sec']:.1f}")
-print(f"  weights checksum  {m['checksum'][:16]}... ({'identical on all' if same else 'DIFFERENT across'} {len(m['rank_checksums'])} ranks)")
-PY
+    python3 "$here/print-metrics.py" "node0, rank 0" <<<"$log0" || status=1
 fi
 exit "$status"

@@ -20,9 +20,10 @@ from trainpod.examples import EXAMPLES, Example
 from trainpod.jobs.base import JobRequest, Scheduler
 from trainpod.jobs.kubeflow import KubeflowJob
 from trainpod.jobs.openpai import OpenPAIJob
+from trainpod.jobs.slurm import SlurmJob
 from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Integer, Invalid, Setting, Switch
 
-REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob)}
+REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob)}
 
 
 @dataclass(frozen=True)
