@@ -21,9 +21,10 @@ from trainpod.jobs.base import JobRequest, Scheduler
 from trainpod.jobs.kubeflow import KubeflowJob
 from trainpod.jobs.openpai import OpenPAIJob
 from trainpod.jobs.slurm import SlurmJob
+from trainpod.jobs.ssh import SSHJob
 from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Integer, Invalid, Setting, Switch
 
-REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob)}
+REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob, SSHJob)}
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def _canonical(scheduler: str, example: str, values: settings.Values, own: setti
         if isinstance(setting.kind, Switch):
             argv.append(setting.flag)
         else:
-            argv += [setting.flag, f"{value:g}" if isinstance(value, float) else str(value)]
+            text = f"{value:g}" if isinstance(value, float) else ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+            argv += [setting.flag, text]
     return (*argv, *(("--", *args) if args else ()))
 
 

@@ -86,7 +86,8 @@ class SlurmJob(Scheduler):
         ])
         body = "".join(f"#SBATCH {option}\n" for option in self.sbatch_options())
         run = shlex.join(self.srun_argv())
-        return "\n".join(lines) + "\n" + header + body + "\nset -euo pipefail\n" + f"exec {run}\n"
+        # PYTHONUNBUFFERED: srun's output is a pipe; every rank's line reaches the output file as it is written.
+        return "\n".join(lines) + "\n" + header + body + "\nset -euo pipefail\nexport PYTHONUNBUFFERED=1\n" + f"exec {run}\n"
 
     def submit(self) -> int:
         sbatch = shutil.which("sbatch")
