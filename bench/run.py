@@ -11,6 +11,8 @@
    `trainpod run` vs bare `torchrun --max-restarts 3` on the same job; alternating runs, medians.
 5. The examples (bench/examples.py, in the compose nodes): samples/s of each, DDP scaling from 1
    to 2 processes and from 1 to 2 nodes, and JPEG decoding vs the synthetic input.
+6. Launchers (bench/launchers.py): from `trainpod job slurm|ssh ... --submit` to the job's first step
+   on compose/slurm and compose/ssh, vs `docker compose up` of compose/pai-2node (make demo).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 import examples  # bench/ is on the path: python3 bench/run.py
+import launchers
 from recovery import report as recovery_report
 
 HERE = Path(__file__).resolve().parent
@@ -147,6 +150,7 @@ def main() -> int:
 
     print("\n" + recovery_report(recovery))
     print("\n" + examples.report(example_figures))
+    print("\n" + launchers.report(launchers.measure()))
     return 0
 
 

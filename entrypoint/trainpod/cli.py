@@ -1,10 +1,11 @@
-"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`.
+"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`, `trainpod job`.
 
 Flags come from the settings table (trainpod.settings, plus each cluster source's own settings
 in environments/): every flag has its variable twin, and a bad value is one line naming the flag
 (64) or the variable (78). `run` resolves everything here, then hands the job to supervisord as
 a JobSpec (trainpod.job runs it: preflight, then torchrun's agent); `explain` stops before
-running and prints what `run` would do.
+running and prints what `run` would do. `job` writes (prints) the job file of an example for a
+scheduler (trainpod.jobs), or launches it with --submit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainpod import __version__, environments, job, log, settings
+from trainpod import __version__, environments, job, jobs, log, settings
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
@@ -91,7 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
     _job_flags(run_parser)
 
     commands.add_parser("examples", help="list the bundled examples")
+    _job_parser(commands, formatter)
     return parser
+
+
+def _job_parser(commands, formatter) -> None:
+    """`trainpod job SCHEDULER NAME [flags] [-- ARGS]`: one subcommand per scheduler in trainpod.jobs' registry."""
+    job_parser = commands.add_parser(
+        "job", help="print an example's job file for a scheduler (openpai, kubeflow, slurm, ssh), or --submit it",
+        description="Print the job file that runs a bundled example on a scheduler, generated from the example registry; "
+        "nothing is written. --submit launches it where trainpod can (slurm: sbatch; ssh: runs it on every host).",
+        epilog="usage: trainpod job SCHEDULER NAME [flags] [-- the example's own flags]\n\n" + EXIT_CODES,
+        formatter_class=formatter)
+    schedulers = job_parser.add_subparsers(dest="scheduler", metavar="SCHEDULER", parser_class=ArgumentParser, required=True)
+    for cls in jobs.REGISTRY.values():
+        sub = schedulers.add_parser(
+            cls.name, help=cls.description, formatter_class=formatter,
+            description=f"trainpod job {cls.name}: {cls.description}. --submit: {cls.submits or 'not supported'}.",
+            epilog=f"usage: trainpod job {cls.name} NAME [flags] [-- the example's own flags]\n\n" + EXIT_CODES)
+        sub.add_argument("job_example", metavar="NAME", help=f"a bundled example: {', '.join(EXAMPLES)}")
+        settings.add_arguments(sub, jobs.SETTINGS, "the job")
+        if cls.settings:
+            settings.add_arguments(sub, cls.settings, cls.name)
 
 
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -188,7 +210,17 @@ def cmd_examples(args: argparse.Namespace, command: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples}
+def cmd_job(args: argparse.Namespace, command: list[str]) -> int:
+    if args.job_example not in EXAMPLES:
+        raise UsageError(f"trainpod job {args.scheduler}: {args.job_example!r}: expected one of {', '.join(EXAMPLES)}")
+    renderer, values = jobs.build(args.scheduler, args.job_example, vars(args), os.environ, command)
+    if values.submit:
+        return renderer.submit()
+    sys.stdout.write(renderer.render())
+    return 0
+
+
+COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples, "job": cmd_job}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -200,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        if command and args.command not in ("run", "explain"):
+        if command and args.command not in ("run", "explain", "job"):
             raise UsageError(f"trainpod {args.command}: takes no command after --")
         return COMMANDS[args.command](args, command)
     except TrainpodError as error:

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from trainpod.environments.base import ClusterEnvironment, Discovery
 from trainpod.environments.pai import PAIEnvironment
 from trainpod.environments.single import SingleNodeEnvironment
+from trainpod.environments.slurm import SlurmEnvironment
 from trainpod.environments.torchrun import TorchrunEnvironment
 from trainpod.settings import Choice, Setting
 
 # Order matters: the first whose detect() is true wins; single node always detects, so it is last.
 REGISTRY: dict[str, type[ClusterEnvironment]] = {
-    cls.name: cls for cls in (PAIEnvironment, TorchrunEnvironment, SingleNodeEnvironment)
+    cls.name: cls for cls in (PAIEnvironment, SlurmEnvironment, TorchrunEnvironment, SingleNodeEnvironment)
 }
 
 SOURCE = Setting(
