@@ -213,11 +213,15 @@ class AgentPolicy:
 
 
 def _first_failure(failures):
-    """(global rank, failure) that the job's code comes from: one that is never restarted (a usage or
-    configuration error says more than the peers' lost-connection errors), else the earliest."""
+    """(global rank, failure) that the job's code comes from. Not a rank killed by SIGTERM if another
+    failed otherwise: torch stops the others with SIGTERM as soon as one fails, and lists them too. Then
+    one that exited with a code that is never restarted (a usage or configuration error says more than
+    the peers' lost-connection errors), else the earliest."""
     def key(item):
         rank, failure = item
-        return (exit_code(failure.exitcode) not in restarts.NEVER_RESTARTED, failure.timestamp, rank)
+        collateral = failure.exitcode == -signal.SIGTERM
+        final = failure.exitcode > 0 and exit_code(failure.exitcode) in restarts.NEVER_RESTARTED
+        return (collateral, not final, failure.timestamp, rank)
 
     return min(failures.items(), key=key)
 
