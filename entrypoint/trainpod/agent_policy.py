@@ -52,6 +52,16 @@ def exit_code(exitcode: int) -> int:
     return 128 - exitcode if exitcode < 0 else exitcode
 
 
+def describe_exit(exitcode: int) -> str:
+    """'exited with 3', 'was killed by SIGKILL': what a worker's raw status says."""
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with {exitcode}"
+
+
 class MasterLost(Exception):
     """The master's agent went away after the job started; `final`: it did not come back in time."""
 
@@ -93,10 +103,12 @@ class AgentPolicy:
         self._say = log.writer(node)
         self.node_rank = int(node) if node and node.isdigit() else 0
         self.nnodes = int(os.environ.get("TRAINPOD_NNODES", "1"))
-        os.environ.setdefault(progress.DIR_VAR, progress_dir())
+        if not os.environ.get(progress.DIR_VAR):
+            os.environ[progress.DIR_VAR] = progress_dir()  # the ranks inherit the agent's environment
         self._progress_dir = os.environ[progress.DIR_VAR]
         spec = self._worker_group.spec
-        spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
+        if isinstance(spec.entrypoint, str):  # a command (torchrun --run-path would give a function)
+            spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
         self.budget = restarts.budget_from_env(spec.max_restarts)
         self.rejoin_timeout = REJOIN_TIMEOUT.from_env(os.environ)[0]
         self.final: restarts.Decision | None = None
@@ -150,7 +162,9 @@ class AgentPolicy:
     def _on_failure(self, result) -> None:
         control = self.control
         if control is not None:
-            if control.stop is None and not control.reachable_now():
+            # A fresh look at the store: a node that stopped set the key before its ranks went away,
+            # so the peers' failure that follows finds it (node 0 too, whose thread may not have polled yet).
+            if not control.reachable_now() and control.stop is None:
                 self._master_lost()
             if control.stop is not None and not control.announced:
                 raise self._stopped_by(control.stop)
@@ -164,7 +178,7 @@ class AgentPolicy:
                                    where=restarts.read_where(stderr) if first.exitcode > 0 else "",
                                    ran_s=time.monotonic() - self._attempt_started, who=f"rank {rank}")
         for global_rank, each in sorted(result.failures.items()):
-            self._say(f"rank {global_rank} (local rank {each.local_rank}) {restarts.describe_code(exit_code(each.exitcode))}")
+            self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_exit(each.exitcode)}")
         decision = self.budget.decide(failure)
         self._say(("restarting the worker group: " if decision.restart else "") + decision.line)
         max_restarts = self._worker_group.spec.max_restarts

@@ -70,9 +70,9 @@ class JobControl:
         self._published = -1
         self._acked = False
         self._last_ok = time.monotonic()
-        self._polled = threading.Event()
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        self._polling = threading.Lock()  # one poll at a time: the thread's, or a fresh one after a failure
         self._thread = threading.Thread(target=self._run, name="trainpod-job-control", daemon=True)
         self._thread.start()
 
@@ -84,6 +84,10 @@ class JobControl:
             self._closed.wait(POLL_S)
 
     def _poll(self) -> None:
+        with self._polling:
+            self._poll_once()
+
+    def _poll_once(self) -> None:
         try:
             if self.stop is None and self.store.check([STOP_KEY]):
                 stop = _parse(self.store.get(STOP_KEY))
@@ -101,7 +105,6 @@ class JobControl:
             self._last_ok = time.monotonic()
         except Exception:  # the store is gone (its host died) or failing: unreachable_s() grows
             pass
-        self._polled.set()
 
     def _read_committed(self) -> int:
         if not self.store.check([COMMITTED_KEY]):
@@ -121,14 +124,14 @@ class JobControl:
         return silent if silent > 2.5 * POLL_S else 0.0
 
     def reachable_now(self) -> bool:
-        """Whether the store answers the thread's next poll within PROBE_WAIT_S: False when the master's
-        agent is gone (its connection reset, or silent). Always True on node 0, which holds the store."""
-        if self.is_host:
-            return True
+        """Poll the store now (the stop key too: a peer may have set it a moment ago, after the thread's
+        last poll), at most PROBE_WAIT_S; False when the master's agent is gone (its connection reset,
+        or silent). Always True on node 0, which holds the store."""
         asked = time.monotonic()
-        self._polled.clear()
-        self._polled.wait(PROBE_WAIT_S)
-        return self._last_ok >= asked
+        poll = threading.Thread(target=self._poll, name="trainpod-job-control-probe", daemon=True)
+        poll.start()
+        poll.join(PROBE_WAIT_S)  # a request hanging on a silent network cannot hold the agent longer
+        return self.is_host or self._last_ok >= asked
 
     def announce(self, code: int, why: str) -> Stop:
         """End the job on every node with `code`: set the stop key unless another node set it first."""

@@ -108,3 +108,14 @@ def test_a_master_that_went_away_is_noticed_and_waited_for_a_bounded_time():
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_fresh_look_after_a_failure_finds_a_stop_set_a_moment_ago():
+    (node0, node1), _ = nodes(free_port())
+    try:
+        time.sleep(0.2)  # both threads just polled: the next poll is a second away
+        stop = node1.announce(143, "node 1 received SIGTERM")
+        assert node0.reachable_now() and node0.stop == stop  # at once, not at the thread's next poll
+    finally:
+        node0.close()
+        node1.close()
