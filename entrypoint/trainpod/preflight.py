@@ -113,7 +113,8 @@ def check_hostname(log: Log) -> None:
         )
 
 
-def check_shm(log: Log, path: str = "/dev/shm", minimum: int = MIN_SHM_BYTES) -> None:
+def check_shm(log: Log, path: str = "/dev/shm", minimum: int = MIN_SHM_BYTES,
+              why: str = "DataLoader workers pass batches through it") -> None:
     try:
         stats = os.statvfs(path)
     except OSError:
@@ -122,9 +123,8 @@ def check_shm(log: Log, path: str = "/dev/shm", minimum: int = MIN_SHM_BYTES) ->
     if size < minimum:
         gib = max(1, -(-minimum // 2**30))
         log(
-            f"warning: {path} is {size // 2**20} MiB; this job needs about {minimum // 2**20} MiB (DataLoader workers "
-            f"pass batches through it, NCCL too): run the container with --shm-size={gib}g (docker), "
-            f"shm_size: {gib}gb (compose) or --ipc=host"
+            f"warning: {path} is {size // 2**20} MiB; this job needs about {minimum // 2**20} MiB ({why}): run the "
+            f"container with --shm-size={gib}g (docker), shm_size: {gib}gb (compose) or --ipc=host"
         )
 
 
@@ -216,7 +216,11 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
         check_hostname(log)  # only peers on other hosts look this one up by name
     shm = shm_needed(topology, target)
     if shm:
-        check_shm(log, minimum=shm)
+        nccl = topology.backend == "nccl" and topology.nproc_per_node > 1
+        workers = target is None or target.shm_mib != 0
+        why = " and ".join(w for w, used in (("DataLoader workers pass batches through it", workers),
+                                             ("NCCL's transport between this node's ranks", nccl)) if used)
+        check_shm(log, minimum=shm, why=why)
     if topology.is_master:
         check_port_free(topology)
     elif topology.nnodes > 1:

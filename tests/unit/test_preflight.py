@@ -106,3 +106,19 @@ def test_launching_needs_torch(monkeypatch):
     monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="torch is not installed"):
         preflight.check_torch()
+
+
+def test_the_host_name_and_shm_warnings_only_where_they_can_matter(monkeypatch):
+    said = []
+    monkeypatch.setattr(preflight, "check_shm", lambda log, **kwargs: said.append(("shm", kwargs["minimum"])))
+    monkeypatch.setattr(preflight, "check_hostname", lambda log: said.append(("hostname",)))
+    monkeypatch.setattr(preflight, "check_port_free", lambda topology: None)
+    single = topology(nnodes=1, node_rank=0, nproc_per_node=2)
+    preflight.run_preflight(single, {}, connect_timeout=1, log=print, target=Target.for_example("cifar10-ddp", env={}))
+    assert said == []  # one node: nobody looks this host up by name; no DataLoader workers
+    preflight.run_preflight(single, {}, connect_timeout=1, log=print, target=Target.for_example("imagenet-ddp", env={}))
+    assert said == [("shm", 8192 * 2**20)]
+    said.clear()
+    preflight.run_preflight(topology(nnodes=2, node_rank=0), {}, connect_timeout=1, log=print,
+                            target=Target.for_example("cifar10-ddp", env={}))
+    assert said == [("hostname",)]
