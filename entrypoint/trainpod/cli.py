@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser(
         "run",
         help="check the setup, then run an example or your command on every local rank via torchrun",
-        description="Resolve the topology, then, under supervisord (restarted after failures, never after 64 or 78), "
-        "run the preflight checks and torchrun. Every output line is prefixed with [nodeN rankR].",
+        description="Resolve the topology, then, under supervisord (restarted after a failure within a budget of restarts "
+        "without progress; never after 64, 73, 78 or 143, never twice for the same failure), run the preflight checks "
+        "and torchrun. Every output line is prefixed with [nodeN rankR].",
         epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n"
         "an example with its own flags: trainpod run --example cifar10-ddp -- --epochs 5\n\n" + EXIT_CODES,
         formatter_class=formatter,
