@@ -18,9 +18,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from trainpod import __version__, environments, job, jobs, log, settings
-from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
+from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
+from trainpod.preflight import check_command
 from trainpod.resolve import Options, resolve_topology
 from trainpod.settings import ArgumentParser, Choice, Setting, Switch
 from trainpod.supervise import Policy, run_supervised, stop_wait_s
@@ -39,8 +40,11 @@ EXIT_CODES = f"""\
 exit codes:
   0    success
   {EXIT_USAGE}   usage error: a bad or conflicting flag (one line names it)
-  {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout
+  {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout, or went away
+       after the job started and did not come back within --rejoin-timeout
+  {EXIT_CANTCREAT}   a checkpoint could not be written: no space or no permission (not restarted)
   {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete (one line names it)
+  143  stopped by SIGTERM, on this node or on another node of the job (not restarted)
   other  the training's own exit code (128+N: its rank was killed by signal N)
 """
 
@@ -60,7 +64,8 @@ def _job_flags(parser: argparse.ArgumentParser) -> None:
         if cls.settings:
             settings.add_arguments(parser, cls.settings, f"source {cls.name}: {cls.description}")
     settings.add_arguments(parser, (EXAMPLE,), "what to run (or -- CMD ...)")
-    settings.add_arguments(parser, RUN, "running (supervisord restarts the job; 64 and 78 are never restarted)")
+    settings.add_arguments(parser, RUN, "running (restarted after a failure without progress up to --max-restarts; "
+                                        "64, 73, 78 and 143 never; the same failure twice ends the job)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser(
         "run",
         help="check the setup, then run an example or your command on every local rank via torchrun",
-        description="Resolve the topology, then, under supervisord (restarted after failures, never after 64 or 78), "
-        "run the preflight checks and torchrun. Every output line is prefixed with [nodeN rankR].",
+        description="Resolve the topology, then, under supervisord (restarted after a failure within a budget of restarts "
+        "without progress; never after 64, 73, 78 or 143, never twice for the same failure), run the preflight checks "
+        "and torchrun. Every output line is prefixed with [nodeN rankR].",
         epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n"
         "an example with its own flags: trainpod run --example cifar10-ddp -- --epochs 5\n\n" + EXIT_CODES,
         formatter_class=formatter,
@@ -126,7 +132,7 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _target(name: str | None, command: list[str], subcommand: str, required: bool) -> Target | None:
     if name:
-        return Target.for_example(name, command)  # after --: the example's own flags
+        return Target.for_example(name, command, os.environ)  # after --: the example's own flags
     if command:
         return Target(command=tuple(command))
     if required:
@@ -176,7 +182,8 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
     plan = None
     if target:
         plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=values.max_restarts,
-                          term_grace=values.term_grace, join_timeout=values.connect_timeout)
+                          term_grace=values.term_grace, join_timeout=values.connect_timeout,
+                          progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout)
     if explain.json:
         data = topology.to_dict()
         if plan:
@@ -190,15 +197,21 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
 
 def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     topology, values, target = _job(args, command, os.environ, required=True, resolve_names=False)
+    if target.command:
+        check_command(target.command, os.environ)  # not found: 64 here, before any rank (or supervisord) starts
+    say = log.writer(topology.node_rank)
+    for warning in topology.warnings:  # once per run, not once per restart of the job
+        say(f"warning: {warning}")
     spec = job.JobSpec(topology=topology, target=target, connect_timeout=values.connect_timeout,
-                   term_grace=values.term_grace, max_restarts=values.max_restarts)
+                       term_grace=values.term_grace, max_restarts=values.max_restarts,
+                       progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout)
     if values.no_supervise:
         job.run(spec)  # does not return: this process becomes torchrun's agent
     if importlib.util.find_spec("supervisor") is None:
         raise ConfigError("supervisor is not installed in this Python: pip install supervisor, or run with --no-supervise")
     # The outer run: what could be checked without the network was (64/78 end above, never
     # supervised); the job itself runs, and is restarted, under supervisord.
-    policy = Policy(max_restarts=values.max_restarts, backoff_s=values.restart_backoff)
+    policy = Policy(max_restarts=values.max_restarts, backoff_s=values.restart_backoff, progress_window=values.progress_window)
     argv = [sys.executable, "-m", "trainpod.job"]
     return run_supervised(argv, {**os.environ, job.SPEC_VAR: spec.to_json()}, policy, topology.node_rank,
                           stop_wait=stop_wait_s(values.term_grace))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +20,10 @@ torch = pytest.importorskip("torch")
 
 from fixtures.checkpoints import data_name, load, manifest_name, save_steps  # noqa: E402
 from fixtures.states import assert_same, training_state  # noqa: E402
-from trainpod import checkpoint  # noqa: E402
+from trainpod import checkpoint, progress  # noqa: E402
 from trainpod.checkpoint import Checkpointer, CheckpointError  # noqa: E402
 
+ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")
 BLOCK = checkpoint._HASH_BLOCK  # what the hashing thread reads at a time
 
 
@@ -184,20 +186,31 @@ def test_a_failed_read_of_the_hashing_thread_fails_the_save_and_stops_it(tmp_pat
     assert_manifest_matches(tmp_path, 3)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs: a full disk on demand (needs root or CAP_SYS_ADMIN)."""
+def tmpfs(tmp_path, options):
+    """A tmpfs mounted with `options` (needs root or CAP_SYS_ADMIN), unmounted afterwards."""
     if sys.platform != "linux" or not shutil.which("mount"):
         unavailable("no Linux mount(8) to make a small tmpfs")
-    mountpoint = tmp_path / "small"
+    mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)], capture_output=True, text=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint)], capture_output=True, text=True)
     if result.returncode != 0:
-        unavailable(f"cannot mount a tmpfs ({result.stderr.strip() or result.returncode}): the full-disk test needs root")
+        unavailable(f"cannot mount a tmpfs ({result.stderr.strip() or result.returncode}): the test needs root")
     try:
         yield mountpoint
     finally:
         subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a full disk on demand."""
+    yield from tmpfs(tmp_path, "size=2m")
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A read-only file system (EROFS: refused even to root)."""
+    yield from tmpfs(tmp_path, "ro,size=1m")
 
 
 def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk):
@@ -205,14 +218,109 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk)
     ckpt.save(1, {"w": torch.ones(10_000)})
     ckpt.wait()
     ckpt.save(2, {"w": torch.ones(1_000_000)})  # 4 MB into 2 MiB
+    deadline = time.monotonic() + 30
+    while ckpt.fatal is None:  # seen as soon as the write failed, without a call that raises it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert ckpt.fatal.exit_code == 73
     with pytest.raises(CheckpointError) as raised:
         ckpt.wait()
-    assert "No space left on device" in str(raised.value) and str(small_disk) in str(raised.value)
+    assert ckpt.fatal is None  # raised once
+    message = str(raised.value)
+    assert raised.value.exit_code == 73 and "\n" not in message
+    assert "No space left on device" in message and str(small_disk) in message
+    assert "the checkpoint of step 1 is intact (verified): a new run resumes from it; free space there" in message
     assert sorted(os.listdir(small_disk)) == sorted([data_name(1), manifest_name(1)])  # no temporary file left
     (step, state), _ = load(small_disk)
     assert step == 1 and torch.equal(state["w"], torch.ones(10_000))
     ckpt.save(3, {"w": torch.ones(10)})  # the space came back with the removed temporary file
     ckpt.close()
+
+
+def test_a_full_disk_names_a_damaged_previous_checkpoint(small_disk):
+    with Checkpointer(small_disk, log=lambda line: None) as ckpt:
+        ckpt.save(1, {"w": torch.ones(10_000)})
+    (small_disk / data_name(1)).write_bytes(b"damaged")
+    ckpt = Checkpointer(small_disk, log=lambda line: None)
+    ckpt.save(2, {"w": torch.ones(1_000_000)})
+    with pytest.raises(CheckpointError, match="none of the 1 earlier checkpoint.s. verifies: a new run starts from the beginning"):
+        ckpt.close()
+
+
+# --- directories that cannot be used: 78, before training ----------------------------------------
+
+
+def unusable(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("nowhere", tmp_path / "dangling")
+    (tmp_path / "named" / data_name(10)).mkdir(parents=True)
+    (tmp_path / "temp" / f".{data_name(3)}.x.tmp").mkdir(parents=True)
+    return {
+        "a-file": "is not a directory (it, or a folder on its path, is a file)",
+        "a-file/sub": "is not a directory",
+        "loop": "is a symbolic link loop",
+        "dangling": "exists but is not a directory (a file or a broken symbolic link)",
+        "named": f"named/{data_name(10)} is named like a checkpoint file but is a directory",
+        "temp": "is named like a checkpoint file but is a directory",
+    }
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_an_unusable_directory_is_a_configuration_error(tmp_path, write):
+    for name, says in unusable(tmp_path).items():
+        ckpt = Checkpointer(tmp_path / name, log=lambda line: None)
+        for call in ((lambda c=ckpt: c.check(write=write)), ckpt.load_latest):
+            with pytest.raises(CheckpointError) as raised:
+                call()
+            assert raised.value.exit_code == 78, name
+            assert says in str(raised.value) and "\n" not in str(raised.value)
+    assert sorted(os.listdir(tmp_path / "named")) == [data_name(10)]  # nothing was removed
+
+
+def test_the_first_save_refuses_a_directory_named_like_a_checkpoint(tmp_path):
+    (tmp_path / data_name(4)).mkdir()  # a leftover data file without manifest, were it a file: it would be removed
+    ckpt = Checkpointer(tmp_path, log=lambda line: None)
+    with pytest.raises(CheckpointError, match="named like a checkpoint file but is a directory") as raised:
+        ckpt.save(5, {"v": 1})
+    assert raised.value.exit_code == 78 and (tmp_path / data_name(4)).is_dir()
+
+
+def test_a_read_only_directory_is_refused_by_the_writer_only(read_only):
+    Checkpointer(read_only).check(write=False)  # a rank that only loads: fine
+    assert Checkpointer(read_only, log=lambda line: None).load_latest() is None
+    with pytest.raises(CheckpointError, match=rf"cannot write in the checkpoint directory {read_only}: Read-only file system") as raised:
+        Checkpointer(read_only).check(write=True)
+    assert raised.value.exit_code == 78
+    with pytest.raises(CheckpointError, match="cannot create the checkpoint directory") as raised:
+        Checkpointer(read_only / "sub").check(write=True)
+    assert raised.value.exit_code == 78
+
+
+def test_a_save_into_a_read_only_directory_is_73(read_only):
+    ckpt = Checkpointer(read_only, log=lambda line: None)
+    ckpt.save(1, {"v": 1})  # without check(): the writer thread meets EROFS
+    with pytest.raises(CheckpointError, match="Read-only file system; there is no earlier checkpoint") as raised:
+        ckpt.close()
+    assert raised.value.exit_code == 73 and "make it writable for this user" in str(raised.value)
+
+
+def test_check_creates_a_missing_directory_and_leaves_nothing_behind(tmp_path):
+    Checkpointer(tmp_path / "new" / "dir").check()
+    assert os.listdir(tmp_path / "new" / "dir") == []
+
+
+def test_commits_and_the_resumed_step_are_reported_as_progress(tmp_path, monkeypatch):
+    monkeypatch.setenv(progress.DIR_VAR, str(tmp_path / "progress"))
+    (tmp_path / "progress").mkdir()
+    monkeypatch.setattr(progress, "_reporter", progress._Reporter())  # opens the file under this variable
+    with Checkpointer(tmp_path / "ckpt", log=lambda line: None) as ckpt:
+        ckpt.save(4, {"v": 4})
+        ckpt.wait()
+        assert progress.read(tmp_path / "progress")[0].committed == 4
+    monkeypatch.setattr(progress, "_reporter", progress._Reporter())  # a restarted rank
+    assert Checkpointer(tmp_path / "ckpt", log=lambda line: None).load_latest()[0] == 4
+    assert progress.read(tmp_path / "progress")[0].committed == 4
 
 
 # --- kills and exits: child processes -------------------------------------------------------------
@@ -272,7 +380,9 @@ for line in sys.stdin:
 
 class Zygote:
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        env = {**os.environ, "PYTHONPATH": ENTRYPOINT}  # this checkout's trainpod, whichever is installed
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     env=env)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -359,7 +469,8 @@ def test_a_write_error_is_raised_once_naming_the_os_error(tmp_path, zygote):
     *lines, reaped = [line for line in zygote.lines_until("reaped") if not line.startswith("pid ")]
     status = int(reaped.split()[1])
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    error = f"could not save checkpoint step 1 in {tmp_path} ({data_name(1)}): File too large"
+    error = (f"could not save checkpoint step 1 in {tmp_path} ({data_name(1)}): File too large; there is no earlier "
+             "checkpoint: a new run starts from the beginning; free space there (or use another directory), then run the job again")
     # torch.save re-wraps the failed write in its own RuntimeError; the OS error is what is reported.
     assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok", "threads MainThread"]  # no thread left behind
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(2), manifest_name(2)])  # no temporary file left
