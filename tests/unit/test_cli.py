@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -260,7 +261,8 @@ def test_a_full_disk_ends_the_job_at_once_with_73(tmp_path):
     (line,) = [line for line in result.stderr.splitlines() if "could not save" in line]
     assert "No space left on device; the checkpoint of step 4 is intact (verified): a new run resumes from it" in line
     assert "Traceback" not in result.stderr and not restarted(result)
-    assert "rank 0 exited with 73 (a checkpoint cannot be written): not restarting" in result.stderr
+    # Every rank stops after the same step with 73; the agent names whichever it saw first.
+    assert re.search(r"rank [01] exited with 73 \(a checkpoint cannot be written\): not restarting", result.stderr)
 
 
 def test_nccls_interface_variable_is_not_copied_into_glooss_on_the_cpu():
