@@ -8,9 +8,12 @@ the code; here a rank that exits 64 or 78 (a usage or configuration error) ends 
 and the restarts torchrun made are written for the supervisor, which counts them against the
 same budget.
 
+It also runs the hang watch (trainpod.hangwatch, --hang-timeout): a stalled worker group is
+restarted as a failure, and ends the job with 124 when no restart is left.
+
 torch offers no hook for these changes, so the agent relies on some of torch's private API:
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
-`_monitor_workers()`, `_remaining_restarts` and `_worker_group`. Checked with torch 2.13.0
+`_monitor_workers()`, `_start_workers()`, `_shutdown()`, `_remaining_restarts` and `_worker_group`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
 """
@@ -18,11 +21,13 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
-from trainpod import log
+from trainpod import hangwatch, log
 from trainpod.errors import EXIT_UNAVAILABLE
+from trainpod.hang import EXIT_HANG
 from trainpod.supervise import NEVER_RESTARTED, record_worker_restarts
 
 CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
@@ -38,8 +43,9 @@ def torch_internals_missing() -> list[str]:
     missing = []
     if getattr(launcher, "LocalElasticAgent", None) is not LocalElasticAgent:
         missing.append("torch.distributed.launcher.api.LocalElasticAgent (the class the launcher builds)")
-    if not callable(getattr(LocalElasticAgent, "_monitor_workers", None)):
-        missing.append("LocalElasticAgent._monitor_workers()")
+    for method in ("_monitor_workers", "_start_workers", "_shutdown"):  # the last two: the hang watch's hooks
+        if not callable(getattr(LocalElasticAgent, method, None)):
+            missing.append(f"LocalElasticAgent.{method}()")
     try:
         spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=None, entrypoint="true", max_restarts=2)
         agent = LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs())
@@ -57,6 +63,8 @@ def _exit_code(exitcode: int) -> int:
 
 
 def _describe(exitcode: int) -> str:
+    if exitcode == EXIT_HANG:
+        return f"was stopped: the job hung ({EXIT_HANG}, --hang-timeout)"
     if exitcode < 0:
         try:
             return f"was killed by {signal.Signals(-exitcode).name}"
@@ -93,14 +101,32 @@ def _report(failures, say: log.Log) -> None:
         say(f"rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}")
 
 
-def _install_agent_class(say: log.Log) -> None:
-    """Make torchrun's launcher build our agent: torch offers no hook for either change below."""
+def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None) -> None:
+    """Make torchrun's launcher build our agent: torch offers no hook for the changes below."""
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     class Agent(LocalElasticAgent):
+        def _start_workers(self, worker_group):
+            if watch is not None:
+                watch.prepare()
+            pids = super()._start_workers(worker_group)
+            hangwatch.workers_started(watch, self, worker_group, pids)
+            return pids
+
+        def _shutdown(self, *args, **kwargs):
+            if watch is not None:
+                watch.stop()
+            super()._shutdown(*args, **kwargs)
+
         def _monitor_workers(self, worker_group):
-            result = super()._monitor_workers(worker_group)
+            # Asked before and after torch looks: the ranks the hang watch killed are no crash, and
+            # the watch has said why, and what comes next, in its line.
+            hung = hangwatch.outcome(watch, worker_group)
+            result = hung or super()._monitor_workers(worker_group)
+            hung = hung or hangwatch.outcome(watch, worker_group)
+            if hung is not None:
+                return hung
             if not result.is_failed():
                 return result
             codes = [_exit_code(failure.exitcode) for failure in result.failures.values()]
@@ -140,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import get_args_parser, run
 
     _prefix_logs(log.tag(node) + " ")
-    _install_agent_class(say)
+    watch = hangwatch.Watch.from_env(node, say)  # --hang-timeout (TRAINPOD_HANG_TIMEOUT), None when 0
+    if watch is not None:
+        os.environ.update(watch.environment())  # the ranks inherit the agent's environment
+    _install_agent_class(say, watch)
 
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)

@@ -23,6 +23,7 @@ from trainpod import log
 from trainpod.errors import EXIT_USAGE, TrainpodError
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
+from trainpod.settings import HANG_TIMEOUT
 from trainpod.supervise import restarts_left
 from trainpod.topology import Topology
 
@@ -38,6 +39,7 @@ class JobSpec:
     connect_timeout: float
     term_grace: float
     max_restarts: int
+    hang_timeout: float = HANG_TIMEOUT.default
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -54,6 +56,7 @@ class JobSpec:
             connect_timeout=data["connect_timeout"],
             term_grace=data["term_grace"],
             max_restarts=data["max_restarts"],
+            hang_timeout=data.get("hang_timeout", HANG_TIMEOUT.default),
         )
 
 
@@ -64,7 +67,7 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
         say(f"warning: {warning}")
     topology = run_preflight(spec.topology, env, connect_timeout=spec.connect_timeout, log=say)
     plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=restarts_left(spec.max_restarts),
-                      term_grace=spec.term_grace, join_timeout=spec.connect_timeout)
+                      term_grace=spec.term_grace, join_timeout=spec.connect_timeout, hang_timeout=spec.hang_timeout)
     say(
         f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
         f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"

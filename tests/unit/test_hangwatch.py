@@ -1,0 +1,93 @@
+"""trainpod.hangwatch on real processes (no torch): a 'rank' idle inside a torch.distributed file and
+one sleeping elsewhere make a verdict within the timeout; both are killed and their stacks written."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainpod import hangwatch, stacks
+
+pytestmark = pytest.mark.skipif(not stacks.pyspy_path(), reason="py-spy is not installed (requirements-dev.txt)")
+
+COLLECTIVE = "import time\ndef all_reduce():\n    time.sleep(60)\n"
+WAITER = "import sys; sys.path.insert(0, sys.argv[1]); print('ready', flush=True)\nfrom torch.distributed import fake\nfake.all_reduce()\n"
+SLEEPER = "import time; print('ready', flush=True)\ndef load_batch():\n    time.sleep(60)\nload_batch()\n"
+
+
+def spawn(code: str, *args: str) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+@pytest.fixture
+def ranks(tmp_path):
+    package = tmp_path / "lib" / "torch" / "distributed"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "fake.py").write_text(COLLECTIVE)
+    processes = [spawn(WAITER, str(tmp_path / "lib")), spawn(SLEEPER)]
+    yield processes
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def test_a_waiting_rank_and_an_idle_one_make_a_verdict_both_are_killed_and_their_stacks_written(ranks, tmp_path):
+    lines = []
+    env = {"TRAINPOD_PROGRESS_DIR": str(tmp_path / "progress"), "TRAINPOD_OUTPUT_DIR": str(tmp_path / "out")}
+    watch = hangwatch.Watch(timeout=2.0, node="3", say=lines.append, env=env)
+    watch.prepare()
+    started = time.monotonic()
+    watch.start([hangwatch.Worker(6, 0, ranks[0].pid), hangwatch.Worker(7, 1, ranks[1].pid)], world_size=8,
+                restarts_left=lambda: 1)
+    while watch.verdict() is None:
+        assert time.monotonic() - started < 15, lines
+        time.sleep(0.1)
+    elapsed = time.monotonic() - started
+    watch.stop()
+
+    assert 2.0 <= elapsed < 6.0, elapsed
+    assert [p.wait(timeout=5) for p in ranks] == [-9, -9]
+    assert len(lines) == 1, lines
+    assert ("behind: rank 7 idle (no CPU, same stack) at <string>:3 in load_batch, no step reported; "
+            "rank 6 waits for it in all_reduce") in lines[0]
+    assert lines[0].endswith("restarting the worker group (1 restart(s) left)")
+    [directory] = (tmp_path / "out" / "hangs").glob("*-node3")
+    assert "fake.py:3" in (directory / "rank6.txt").read_text()
+    assert "in load_batch" not in (directory / "rank6.txt").read_text() and "load_batch" in (directory / "rank7.txt").read_text()
+    summary = json.loads((directory / "hang.json").read_text())
+    assert [v["rank"] for v in summary["behind"]] == [7]
+
+
+def test_busy_ranks_make_no_verdict(tmp_path):
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        watch = hangwatch.Watch(timeout=1.0, node="0", say=print, env={"TRAINPOD_PROGRESS_DIR": str(tmp_path)})
+        watch.start([hangwatch.Worker(r, r, p.pid) for r, p in enumerate(busy)], world_size=2)
+        time.sleep(3)
+        assert watch.verdict() is None
+        watch.stop()
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+
+
+def test_the_agent_exports_where_the_ranks_report(tmp_path):
+    watch = hangwatch.Watch.from_env("0", print, {"TRAINPOD_HANG_TIMEOUT": "7", "TRAINPOD_PROGRESS_DIR": str(tmp_path)})
+    assert watch.timeout == 7 and watch.interval == 0.7
+    assert watch.environment() == {"TRAINPOD_PROGRESS_DIR": str(tmp_path), "TRAINPOD_AGENT_PID": str(os.getpid())}
+    assert hangwatch.Watch.from_env("0", print, {"TRAINPOD_HANG_TIMEOUT": "0"}) is None
+    (tmp_path / "rank0").write_text("stale")
+    (tmp_path / "nccl-dump-3.pipe").write_text("")
+    (tmp_path / "other").write_text("kept")
+    watch.prepare()
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["other"]
