@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from test_cli import one_line_error, trainpod
 
 
