@@ -93,6 +93,9 @@ class Watch:
             directory = tempfile.mkdtemp(prefix="trainpod-progress-")
         self.progress_dir = Path(directory)
         self.pyspy = stacks.pyspy_path()
+        if not self.pyspy:
+            say("warning: py-spy is not installed: the hang watch reads the stacks only of ranks that use trainpod.progress "
+                "(pip install py-spy)")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
