@@ -9,6 +9,9 @@
    and the training loop's stall per checkpoint vs a synchronous save.
 4. Recovery (bench/recovery.py, on this host): from SIGKILL of one rank to the next completed step,
    `trainpod run` vs bare `torchrun --max-restarts 3` on the same job; alternating runs, medians.
+5. Hangs (bench/hangs.py, on this host): from each hang's start (a rank asleep before
+   init_process_group, a skipped collective, a SIGSTOP) to the one-line report with --hang-timeout 10;
+   the progress signal's and the hang watch's cost on steady samples/s, side by side.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recovery import report as recovery_report  # bench/ is on the path: python3 bench/run.py
+from hangs import report as hangs_report  # bench/ is on the path: python3 bench/run.py
+from recovery import report as recovery_report
 
 HERE = Path(__file__).resolve().parent
 COMPOSE = ["docker", "compose", "-f", str(HERE / "compose.yaml")]
@@ -93,9 +97,17 @@ def bench_recovery() -> dict:
     return tagged(done.stdout, "bench-recovery: ")
 
 
+def bench_hangs() -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "hangs.py")], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench: hangs failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    return tagged(done.stdout, "bench-hangs: ")
+
+
 def main() -> int:
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
+    hangs = bench_hangs()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()
@@ -129,6 +141,7 @@ def main() -> int:
           f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)")
 
     print("\n" + recovery_report(recovery))
+    print("\n" + hangs_report(hangs))
     return 0
 
 
