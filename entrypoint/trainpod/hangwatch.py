@@ -226,10 +226,14 @@ class Watch:
         with self._lock:
             self._verdict = verdict
         try:
-            directory, note = self._write(verdict, trackers)
+            try:
+                directory, note = self._write(verdict, trackers)
+                stacks_at = f"stacks in {directory}{note}"
+            except OSError as exc:  # the line matters more than the files
+                stacks_at = f"stacks not written ({exc})"
             left = restarts_left()
             then = f"restarting the worker group ({left} restart(s) left)" if left > 0 else f"no restart left: exiting {EXIT_HANG}"
-            self.say(f"{describe(verdict, self.node)}; stacks in {directory}{note}; {then}")
+            self.say(f"{describe(verdict, self.node)}; {stacks_at}; {then}")
             if share is not None:
                 share.acknowledge(timeout=2 * self.interval + 2)
         finally:
