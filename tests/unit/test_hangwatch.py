@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_hang import BACKWARD, run, stopped, waiting
 
 from trainpod import hangwatch, stacks
 
@@ -91,3 +92,55 @@ def test_the_agent_exports_where_the_ranks_report(tmp_path):
     (tmp_path / "other").write_text("kept")
     watch.prepare()
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["other"]
+
+
+class Store:
+    """The part of torch's c10d Store API that hangwatch.Sharing uses, in memory (one store, several agents)."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key, value):
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(key in self.data for key in keys)
+
+    def add(self, key, amount):
+        self.data[key] = str(int(self.data.get(key, b"0")) + amount).encode()
+        return int(self.data[key])
+
+
+def test_a_node_whose_ranks_only_wait_learns_from_the_store_which_rank_on_another_node_is_behind():
+    store = Store()
+    node0, node1 = hangwatch.Sharing(store, 0, 2), hangwatch.Sharing(store, 1, 2)
+    busy = [run(0, lambda t: ("R", float(t), t, None), 3), run(1, lambda t: ("R", float(t), t, None), 3)]
+    assert node0.exchange(busy) == ([], None) and store.data["trainpod/hang/node0"] == b"[]"
+
+    mine = [run(0, waiting(BACKWARD), 15), run(1, waiting(BACKWARD), 15)]
+    theirs = [run(2, stopped, 15, node="1"), run(3, waiting(BACKWARD), 15, node="1")]
+    assert node1.exchange(theirs)[0] == []  # node0 has published nothing noteworthy yet
+    remote, verdict = node0.exchange(mine)
+    assert verdict is None and [v.rank for v in remote] == [2, 3] and node0.involved == 2
+    found = hangwatch.decide(mine + remote, 15.0, timeout=10, world_size=4)
+    assert [v.rank for v in found.behind] == [2] and found.behind[0].node == "1"
+
+    node0.announce(found)
+    _, told = node1.exchange(theirs)  # node1 acts on node0's verdict: the same ranks named
+    assert [v.rank for v in told.behind] == [2] and told.stalled_for == found.stalled_for
+    node1.acknowledge(timeout=0.1)
+    started = time.monotonic()
+    node0.acknowledge(timeout=5)
+    assert time.monotonic() - started < 1  # both nodes have written their stacks: no wait
+
+
+def test_a_store_that_fails_leaves_the_node_to_judge_alone():
+    class Gone:
+        def __getattr__(self, name):
+            raise RuntimeError("Connection reset by peer")
+
+    sharing = hangwatch.Sharing(Gone(), 1, 2)
+    assert sharing.exchange([run(2, stopped, 3)]) == ([], None) and sharing.failed
