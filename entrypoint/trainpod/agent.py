@@ -63,8 +63,6 @@ def _exit_code(exitcode: int) -> int:
 
 
 def _describe(exitcode: int) -> str:
-    if exitcode == EXIT_HANG:
-        return f"was stopped: the job hung ({EXIT_HANG}, --hang-timeout)"
     if exitcode < 0:
         try:
             return f"was killed by {signal.Signals(-exitcode).name}"
@@ -98,7 +96,8 @@ def _prefix_logs(prefix: str) -> None:
 
 def _report(failures, say: log.Log) -> None:
     for rank, failure in sorted(failures.items()):
-        say(f"rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}")
+        what = f"was stopped by the hang watch ({EXIT_HANG})" if hangwatch.is_hang(failure) else _describe(failure.exitcode)
+        say(f"rank {rank} (local rank {failure.local_rank}) {what}")
 
 
 def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None) -> None:
@@ -106,28 +105,12 @@ def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None) -> 
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    class Agent(LocalElasticAgent):
-        def _start_workers(self, worker_group):
-            if watch is not None:
-                watch.prepare()
-            pids = super()._start_workers(worker_group)
-            hangwatch.workers_started(watch, self, worker_group, pids)
-            return pids
-
-        def _shutdown(self, *args, **kwargs):
-            if watch is not None:
-                watch.stop()
-            super()._shutdown(*args, **kwargs)
+    class Agent(hangwatch.WatchedAgent, LocalElasticAgent):
+        hang_watch = watch
 
         def _monitor_workers(self, worker_group):
-            # Asked before and after torch looks: the ranks the hang watch killed are no crash, and
-            # the watch has said why, and what comes next, in its line.
-            hung = hangwatch.outcome(watch, worker_group)
-            result = hung or super()._monitor_workers(worker_group)
-            hung = hung or hangwatch.outcome(watch, worker_group)
-            if hung is not None:
-                return hung
-            if not result.is_failed():
+            result = super()._monitor_workers(worker_group)
+            if not result.is_failed() or hangwatch.said(result):  # a hang: its line said what comes next
                 return result
             codes = [_exit_code(failure.exitcode) for failure in result.failures.values()]
             if any(code in NEVER_RESTARTED for code in codes):

@@ -361,37 +361,73 @@ def verdict_from_json(text: str | bytes) -> Verdict:
                    stalled_for=data["stalled_for"], mismatch=data["mismatch"], sites=data["sites"])
 
 
-# --- the agent's side (trainpod.agent's subclass of torch's LocalElasticAgent calls these) ----------
+# --- the agent's side: mixed in before torch's LocalElasticAgent ---------------------------------------
+
+HANG_MARK = "trainpod_hang"  # an attribute set on the ProcessFailure a hang becomes
 
 
-def workers_started(watch: Watch | None, agent, worker_group, pids: Mapping[int, int]) -> None:
-    """A worker group started (`pids`: local rank -> pid, what _start_workers returns): watch it."""
-    if watch is None:
-        return
-    workers = [Worker(w.global_rank, w.local_rank, pids[w.local_rank]) for w in worker_group.workers]
+def is_hang(failure) -> bool:
+    """Whether a torchrun ProcessFailure is the one the hang watch made (exit 124)."""
+    return getattr(failure, HANG_MARK, False) is True
 
-    def exitcode(local_rank: int) -> int | None:
-        try:  # torch's private API, for the words only: "exited with 0"
-            code = agent._pcontext.subprocess_handlers[local_rank].proc.returncode
-        except (AttributeError, KeyError, TypeError):
+
+def said(result) -> bool:
+    """Whether a RunResult is a hang's, which the watch has already explained in its line."""
+    return any(is_hang(f) for f in (getattr(result, "failures", None) or {}).values())
+
+
+class WatchedAgent:
+    """torch's agent hooks for the hang watch: `class Agent(WatchedAgent, LocalElasticAgent)`, with
+    `hang_watch` set to a Watch (None: no watch). A layer that decides restarts goes before it, so a
+    hang reaches it as a failed worker group like any other."""
+
+    hang_watch: Watch | None = None
+
+    def _start_workers(self, worker_group):
+        watch = self.hang_watch
+        if watch is not None:
+            watch.prepare()
+        pids = super()._start_workers(worker_group)
+        if watch is not None:
+            self._watch_workers(worker_group, pids)
+        return pids
+
+    def _shutdown(self, *args, **kwargs):
+        if self.hang_watch is not None:
+            self.hang_watch.stop()
+        super()._shutdown(*args, **kwargs)
+
+    def _monitor_workers(self, worker_group):
+        # Asked before and after torch looks: the ranks the watch killed are no crash.
+        hung = self._hang_result(worker_group)
+        result = hung or super()._monitor_workers(worker_group)
+        return hung or self._hang_result(worker_group) or result
+
+    def _watch_workers(self, worker_group, pids: Mapping[int, int]) -> None:
+        workers = [Worker(w.global_rank, w.local_rank, pids[w.local_rank]) for w in worker_group.workers]
+
+        def exitcode(local_rank: int) -> int | None:
+            try:  # torch's private API, for the words only: "exited with 0"
+                code = self._pcontext.subprocess_handlers[local_rank].proc.returncode
+            except (AttributeError, KeyError, TypeError):
+                return None
+            return None if code is None else (128 - code if code < 0 else code)
+
+        self.hang_watch.start(workers, world_size=worker_group.workers[0].world_size if workers else 0,
+                              store=worker_group.store, group_rank=worker_group.group_rank or 0,
+                              group_world_size=worker_group.group_world_size or 1,
+                              restarts_left=lambda: self._remaining_restarts, exitcode=exitcode)
+
+    def _hang_result(self, worker_group):
+        """torchrun's RunResult for a hung worker group (FAILED, exit 124 for the first rank behind), or None."""
+        verdict = self.hang_watch.verdict() if self.hang_watch is not None else None
+        if verdict is None:
             return None
-        return None if code is None else (128 - code if code < 0 else code)
+        from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    watch.start(workers, world_size=worker_group.workers[0].world_size if workers else 0, store=worker_group.store,
-                group_rank=worker_group.group_rank or 0, group_world_size=worker_group.group_world_size or 1,
-                restarts_left=lambda: agent._remaining_restarts, exitcode=exitcode)
-
-
-def outcome(watch: Watch | None, worker_group):
-    """torchrun's RunResult for a hung worker group (FAILED, exit 124), or None."""
-    verdict = watch.verdict() if watch is not None else None
-    if verdict is None:
-        return None
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-    behind = {v.rank for v in verdict.behind}
-    workers = sorted(worker_group.workers, key=lambda w: (w.global_rank not in behind, w.global_rank))
-    first = workers[0]
-    failure = ProcessFailure(local_rank=first.local_rank, pid=first.id or 0, exitcode=EXIT_HANG, error_file="")
-    return RunResult(state=WorkerState.FAILED, failures={first.global_rank: failure})
+        behind = {v.rank for v in verdict.behind}
+        first = min(worker_group.workers, key=lambda w: (w.global_rank not in behind, w.global_rank))
+        failure = ProcessFailure(local_rank=first.local_rank, pid=first.id or 0, exitcode=EXIT_HANG, error_file="")
+        setattr(failure, HANG_MARK, True)
+        return RunResult(state=WorkerState.FAILED, failures={first.global_rank: failure})

@@ -144,3 +144,35 @@ def test_a_store_that_fails_leaves_the_node_to_judge_alone():
 
     sharing = hangwatch.Sharing(Gone(), 1, 2)
     assert sharing.exchange([run(2, stopped, 3)]) == ([], None) and sharing.failed
+
+
+def test_a_verdict_becomes_a_failed_worker_group_with_124_for_the_first_rank_behind():
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+    class Torch:
+        def _monitor_workers(self, worker_group):
+            return RunResult(state=WorkerState.HEALTHY)
+
+    class Verdicts:
+        def __init__(self, verdict):
+            self.value = verdict
+
+        def verdict(self):
+            return self.value
+
+    class Agent(hangwatch.WatchedAgent, Torch):
+        pass
+
+    group = SimpleNamespace(workers=[SimpleNamespace(global_rank=2, local_rank=0, id=11),
+                                     SimpleNamespace(global_rank=3, local_rank=1, id=12)])
+    agent = Agent()
+    agent.hang_watch = Verdicts(None)
+    assert agent._monitor_workers(group).state == WorkerState.HEALTHY
+    agent.hang_watch = Verdicts(hangwatch.Verdict(behind=(run(3, stopped, 12, node="1"),),
+                                                  waiting=(run(2, waiting(), 12, node="1"),), stalled_for=12.0))
+    result = agent._monitor_workers(group)
+    assert result.is_failed() and list(result.failures) == [3] and hangwatch.said(result)
+    assert (result.failures[3].exitcode, result.failures[3].local_rank, result.failures[3].pid) == (124, 1, 12)
