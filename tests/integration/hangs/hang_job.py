@@ -3,6 +3,7 @@
     python hang_job.py sleep-before-init --rank 1   # rank 1 sleeps before init_process_group
     python hang_job.py skip --rank 1 --at 3          # rank 1 skips step 3's all_reduce, then all meet in barrier()
     python hang_job.py slow --seconds 15             # long compute and data phases, no hang: exits 0
+    python hang_job.py run --steps 1000              # steps of all_reduce, nothing wrong (stop a rank from outside)
 
 Each rank prints `hang-job: rank R hang starts at <unix time>` at the moment its hang begins
 (the benchmark times the report from there). Steps go to trainpod.progress where it is importable.
@@ -39,7 +40,7 @@ def compute(seconds: float) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("sleep-before-init", "skip", "slow"))
+    parser.add_argument("mode", choices=("sleep-before-init", "skip", "slow", "run"))
     parser.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
     parser.add_argument("--at", type=int, default=3, help="skip: the step whose all_reduce it skips")
     parser.add_argument("--steps", type=int, default=6)
@@ -74,6 +75,8 @@ def main() -> int:
         else:
             dist.all_reduce(tensor)
         step(n)
+        if args.mode == "run" and n == 1:
+            mark(rank, "runs its steps")
     dist.barrier()  # the skipper's barrier meets the others' last all_reduce: they disagree, nothing completes
     print(f"hang-job: rank {rank} done", flush=True)
     return 0
