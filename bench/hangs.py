@@ -4,12 +4,16 @@
    (2 processes, no Docker), for each case: a rank asleep before init_process_group and a skipped
    collective (tests/integration/hangs/hang_job.py, which prints when its hang starts), and a SIGSTOP
    of one rank of the CIFAR-10 example (timed from the signal). Goal: T + 5 s or better.
-2. The progress signal's cost on steady samples/s: the CIFAR-10 example under bare torchrun with
-   TRAINPOD_PROGRESS_DIR set (one pwrite per step) and without it (trainpod.progress is a no-op),
-   alternating, medians side by side; plus the cost of one progress.step() call against the length
-   of a step, which no machine's noise blurs. Goal: within 1 %.
-3. The whole watch (the agent sampling /proc, the stacks of idle ranks) on samples/s: `trainpod run`
-   with --hang-timeout 120 against 0, alternating, medians.
+2. The progress signal's cost on steady samples/s, side by side in one run: a 2-rank DDP job (gloo,
+   a small CNN on 32x32 images, batches of 64) under bare torchrun alternates blocks of 5 steps
+   with trainpod.progress.step() after every step and blocks without it; the median over adjacent
+   pairs of the ratio of their times (adjacent blocks see the same machine load, which on a shared
+   host swings samples/s by tens of percent between runs). Also the cost of one progress.step()
+   call against a step.
+   Goal: within 1 %.
+3. The whole watch (the agent sampling /proc every 2 s, py-spy for idle ranks only): the agent's own
+   CPU seconds per second of the CIFAR-10 example under `trainpod run --hang-timeout 120` against
+   `--hang-timeout 0`, and the samples/s of those runs (alternating, medians).
 
     python3 bench/hangs.py [--rounds N] [--timeout T]
 """
@@ -55,13 +59,27 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 class Run:
-    """A command whose output lines are timestamped as they arrive."""
+    """A command whose output lines are timestamped as they arrive, and its own CPU time (not its children's)."""
 
     def __init__(self, command: list[str], env: dict[str, str], cwd: Path):
         self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, start_new_session=True)
         self.lines: list[tuple[float, str]] = []
+        self.cpu_s = 0.0
+        self.started = time.monotonic()
+        self.wall_s = 0.0
         threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._cpu, daemon=True).start()
+
+    def _cpu(self) -> None:
+        try:
+            process = psutil.Process(self.process.pid)
+            while self.process.poll() is None:
+                times = process.cpu_times()
+                self.cpu_s, self.wall_s = times.user + times.system, time.monotonic() - self.started
+                time.sleep(0.25)
+        except psutil.Error:
+            pass
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -119,23 +137,64 @@ def detect_once(case: str, timeout: float) -> float:
     return reported[0] - started
 
 
-def samples_per_s(variant: str) -> float:
-    out = Path(tempfile.mkdtemp(prefix=f"trainpod-bench-progress-{variant}-"))
-    port = str(free_port())
-    example = ["-m", "trainpod.examples.cifar10", *EXAMPLE, "--output-dir", str(out)]
-    if variant in ("progress", "no-progress"):
-        extra = {"TRAINPOD_PROGRESS_DIR": str(out)} if variant == "progress" else {}
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port, *example]
-        run = Run(command, environment(**extra), out)
-    else:
-        command = [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--master-port", port, "--no-supervise",
-                   "--hang-timeout", "120" if variant == "watch" else "0", "--example", "cifar10-ddp", "--", *EXAMPLE,
-                   "--output-dir", str(out)]
-        run = Run(command, environment(), out)
+def watch_run(variant: str) -> tuple[float, float]:
+    """(samples/s, the agent's CPU seconds per second) of the example under `trainpod run`, watch on or off."""
+    out = Path(tempfile.mkdtemp(prefix=f"trainpod-bench-watch-{variant}-"))
+    command = [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+               "--no-supervise", "--hang-timeout", "120" if variant == "watch" else "0", "--example", "cifar10-ddp", "--",
+               *EXAMPLE, "--output-dir", str(out)]
+    run = Run(command, environment(), out)  # --no-supervise: the process becomes the agent (exec)
     code, log = run.finish(600)
     if code != 0:
         sys.exit(f"bench-hangs: {variant} failed ({code}):\n{log[-3000:]}")
-    return json.loads((out / "metrics.json").read_text())["samples_per_sec"]
+    return json.loads((out / "metrics.json").read_text())["samples_per_sec"], run.cpu_s / max(run.wall_s, 1e-9)
+
+
+PAIRS_WORKER = """
+import os, sys, time, json, torch, torch.distributed as dist
+from torch import nn
+from trainpod import progress
+blocks, block = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(0)
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Sequential(
+    nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+    nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 8 * 8, 10)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+times = {"on": [], "off": []}
+n = 0
+for b in range(blocks + 2):
+    on = b % 2 == 0
+    t = time.perf_counter()
+    for _ in range(block):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        n += 1
+        if on:
+            progress.step(n)
+    if b >= 2:  # the first two blocks warm up
+        times["on" if on else "off"].append(time.perf_counter() - t)
+if dist.get_rank() == 0:
+    print("bench-pairs: " + json.dumps(times), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def paired_blocks(blocks: int = 160, block: int = 5) -> dict:
+    """Block times with and without progress.step() after each step, alternating in one 2-rank job."""
+    out = Path(tempfile.mkdtemp(prefix="trainpod-bench-pairs-"))
+    (out / "pairs.py").write_text(PAIRS_WORKER)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+               str(out / "pairs.py"), str(blocks), str(block)]
+    run = Run(command, environment(TRAINPOD_PROGRESS_DIR=str(out)), out)
+    code, log = run.finish(900)
+    lines = [line.split("bench-pairs: ", 1)[1] for line in log.splitlines() if "bench-pairs: " in line]
+    if code != 0 or not lines:
+        sys.exit(f"bench-hangs: the paired blocks failed ({code}):\n{log[-3000:]}")
+    times = json.loads(lines[-1])
+    return {"block_steps": block, "on_s": times["on"], "off_s": times["off"]}
 
 
 def per_call_cost(calls: int = 200_000) -> float:
@@ -147,27 +206,24 @@ def per_call_cost(calls: int = 200_000) -> float:
     return float(done.stdout)
 
 
-def alternate(variants: tuple[str, str], rounds: int) -> dict[str, list[float]]:
-    runs: dict[str, list[float]] = {v: [] for v in variants}
-    for round_ in range(rounds):
-        for variant in variants if round_ % 2 == 0 else variants[::-1]:
-            runs[variant].append(samples_per_s(variant))
-            print(f"  round {round_ + 1} {variant:<12} {runs[variant][-1]:8.1f} samples/s", file=sys.stderr, flush=True)
-    return runs
-
-
 def bench(rounds: int, timeout: float) -> dict:
     detection = {}
     for case in ("sleep-before-init", "skip", "sigstop"):
         detection[case] = [detect_once(case, timeout) for _ in range(rounds)]
         print(f"  {case}: reported after {', '.join(f'{s:.1f}' for s in detection[case])} s", file=sys.stderr, flush=True)
-    progress = alternate(("progress", "no-progress"), rounds)
-    watch = alternate(("watch", "no-watch"), rounds)
+    pairs = paired_blocks()
+    print(f"  paired blocks: median {statistics.median(pairs['on_s']):.4f} s with progress, "
+          f"{statistics.median(pairs['off_s']):.4f} s without", file=sys.stderr, flush=True)
+    watch: dict[str, list] = {"watch": [], "no-watch": []}
+    for round_ in range(rounds):
+        for variant in ("watch", "no-watch") if round_ % 2 == 0 else ("no-watch", "watch"):
+            watch[variant].append(watch_run(variant))
+            print(f"  round {round_ + 1} {variant:<9} {watch[variant][-1][0]:8.1f} samples/s, agent "
+                  f"{watch[variant][-1][1] * 100:.2f} % CPU", file=sys.stderr, flush=True)
     cost = per_call_cost()
-    # A step of the overhead runs, from their samples/s: 2 processes x 64 samples per step.
-    step_s = 2 * 64 / statistics.median(progress["no-progress"])
-    return {"timeout_s": timeout, "rounds": rounds, "detection_s": detection,
-            "progress": progress, "watch": watch, "step_call_s": cost, "step_s": step_s}
+    step_s = statistics.median(pairs["off_s"]) / pairs["block_steps"]
+    return {"timeout_s": timeout, "rounds": rounds, "detection_s": detection, "pairs": pairs, "watch": watch,
+            "step_call_s": cost, "step_s": step_s}
 
 
 def report(result: dict) -> str:
@@ -177,15 +233,22 @@ def report(result: dict) -> str:
              f"  {'case':22}{'median':>10}{'max':>10}  runs (s from the hang's start to the one-line report)"]
     for case, runs in result["detection_s"].items():
         lines.append(f"  {case:22}{statistics.median(runs):>9.1f}s{max(runs):>9.1f}s  {', '.join(f'{s:.1f}' for s in runs)}")
-    for key, (on, off), what in (("progress", ("progress", "no-progress"), "progress signal (bare torchrun, CIFAR-10 example)"),
-                                 ("watch", ("watch", "no-watch"), "hang watch (trainpod run --hang-timeout 120 vs 0)")):
-        runs = result[key]
-        a, b = statistics.median(runs[on]), statistics.median(runs[off])
-        lines.append(f"{what}, steady samples/s, median of {len(runs[on])} alternating runs: "
-                     f"on {a:.1f}, off {b:.1f}, ratio {a / b:.3f} (goal >= 0.99)")
+    pairs = result["pairs"]
+    on, off = statistics.median(pairs["on_s"]), statistics.median(pairs["off_s"])
+    ratio = statistics.median(b / a for a, b in zip(pairs["on_s"], pairs["off_s"]))  # adjacent blocks: the same load
+    lines.append(f"progress signal, one 2-rank DDP job, {len(pairs['on_s'])} blocks of {pairs['block_steps']} steps each way, "
+                 f"alternating: median block {on * 1e3:.1f} ms with progress.step(), {off * 1e3:.1f} ms without; "
+                 f"samples/s with/without, median over adjacent pairs: {ratio:.4f} (goal >= 0.99)")
     share = result["step_call_s"] / result["step_s"]
     lines.append(f"  one progress.step() call: {result['step_call_s'] * 1e6:.2f} us, {share * 100:.4f} % of a "
                  f"{result['step_s'] * 1e3:.1f} ms step")
+    watch = result["watch"]
+    rate = {v: statistics.median(r[0] for r in runs) for v, runs in watch.items()}
+    cpu = {v: statistics.median(r[1] for r in runs) for v, runs in watch.items()}
+    lines.append(f"hang watch (CIFAR-10 example, trainpod run --hang-timeout 120 vs 0, median of {len(watch['watch'])} "
+                 f"alternating runs): the agent's CPU {cpu['watch'] * 100:.2f} % vs {cpu['no-watch'] * 100:.2f} % of a core; "
+                 f"samples/s {rate['watch']:.1f} vs {rate['no-watch']:.1f} (ratio {rate['watch'] / rate['no-watch']:.3f}, "
+                 "runs differ by more than that on a shared host)")
     return "\n".join(lines)
 
 
