@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import statistics
@@ -197,6 +198,40 @@ def paired_blocks(blocks: int = 160, block: int = 5) -> dict:
     return {"block_steps": block, "on_s": times["on"], "off_s": times["off"]}
 
 
+def look_cost(looks: int = 200) -> dict:
+    """CPU seconds of one look of the watch at 2 ranks: busy ones (/proc only) and idle ones (py-spy too)."""
+    sys.path.insert(0, str(ENTRYPOINT))
+    from trainpod import hang, hangwatch
+
+    result = {}
+    for kind, code in (("busy", "while True: pass"), ("idle", "import time; time.sleep(600)")):
+        ranks = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            directory = tempfile.mkdtemp(prefix="trainpod-bench-look-")
+            watch = hangwatch.Watch(120.0, "0", lambda line: None, {"TRAINPOD_PROGRESS_DIR": directory})
+            watch._workers = [hangwatch.Worker(r, r, p.pid) for r, p in enumerate(ranks)]
+            trackers = {r: hang.Tracker(r, "0") for r in range(2)}
+            watch._look(trackers, lambda local: None)
+            count = looks if kind == "busy" else 5
+            started, before = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            for _ in range(count):
+                time.sleep(0.05)
+                for tracker in trackers.values():
+                    tracker.signature = None  # idle: a stack read at every look (at most every refresh in a job)
+                watch._look(trackers, lambda local: None)
+            own = time.process_time() - started
+            # py-spy runs as a child that has ended (the ranks have not): its CPU counts as the watch's too.
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            spent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            result[kind] = (own + spent) / count
+        finally:
+            for process in ranks:
+                process.kill()
+                process.wait()
+    return result
+
+
 def per_call_cost(calls: int = 200_000) -> float:
     """Seconds per trainpod.progress.step() call, reporting into a temporary directory."""
     code = (f"import os, time, tempfile; os.environ['TRAINPOD_PROGRESS_DIR'] = tempfile.mkdtemp()\n"
@@ -223,7 +258,13 @@ def bench(rounds: int, timeout: float) -> dict:
     cost = per_call_cost()
     step_s = statistics.median(pairs["off_s"]) / pairs["block_steps"]
     return {"timeout_s": timeout, "rounds": rounds, "detection_s": detection, "pairs": pairs, "watch": watch,
-            "step_call_s": cost, "step_s": step_s}
+            "step_call_s": cost, "step_s": step_s, "look_s": look_cost()}
+
+
+def neighbour_ratios(on: list[float], off: list[float]) -> list[float]:
+    """Blocks ran on0, off0, on1, off1, ...: each on-block's time against the mean of the off-blocks
+    around it, which cancels a load that drifts linearly; samples/s with over samples/s without."""
+    return [((off[i - 1] + off[i]) / 2) / on[i] for i in range(1, min(len(on), len(off)))]
 
 
 def report(result: dict) -> str:
@@ -235,13 +276,19 @@ def report(result: dict) -> str:
         lines.append(f"  {case:22}{statistics.median(runs):>9.1f}s{max(runs):>9.1f}s  {', '.join(f'{s:.1f}' for s in runs)}")
     pairs = result["pairs"]
     on, off = statistics.median(pairs["on_s"]), statistics.median(pairs["off_s"])
-    ratio = statistics.median(b / a for a, b in zip(pairs["on_s"], pairs["off_s"]))  # adjacent blocks: the same load
+    ratios = neighbour_ratios(pairs["on_s"], pairs["off_s"])
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
     lines.append(f"progress signal, one 2-rank DDP job, {len(pairs['on_s'])} blocks of {pairs['block_steps']} steps each way, "
-                 f"alternating: median block {on * 1e3:.1f} ms with progress.step(), {off * 1e3:.1f} ms without; "
-                 f"samples/s with/without, median over adjacent pairs: {ratio:.4f} (goal >= 0.99)")
+                 f"alternating: median block {on * 1e3:.1f} ms with progress.step(), {off * 1e3:.1f} ms without")
+    lines.append(f"  samples/s with/without, each block against the mean of its two neighbours: median {median:.4f} "
+                 f"(quartiles {q1:.4f}, {q3:.4f}; goal >= 0.99)")
     share = result["step_call_s"] / result["step_s"]
     lines.append(f"  one progress.step() call: {result['step_call_s'] * 1e6:.2f} us, {share * 100:.4f} % of a "
                  f"{result['step_s'] * 1e3:.1f} ms step")
+    look = result["look_s"]
+    lines.append(f"hang watch, one look at 2 ranks (every 2 s at --hang-timeout 120): {look['busy'] * 1e3:.2f} ms CPU "
+                 f"when they compute ({look['busy'] / 2 * 100:.3f} % of a core), {look['idle'] * 1e3:.0f} ms when they are "
+                 "idle and py-spy reads their stacks (at most every 24 s per idle rank)")
     watch = result["watch"]
     rate = {v: statistics.median(r[0] for r in runs) for v, runs in watch.items()}
     cpu = {v: statistics.median(r[1] for r in runs) for v, runs in watch.items()}
