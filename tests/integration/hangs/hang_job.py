@@ -67,6 +67,10 @@ def main() -> int:
         step(2)
         dist.barrier()
         print(f"hang-job: rank {rank} done", flush=True)
+        # What trainpod.distributed.shutdown() does: without it a rank may abort at exit (134), as
+        # gloo's thread and the interpreter's teardown race for the process group.
+        time.sleep(0.2)
+        dist.destroy_process_group()
         return 0
     for n in range(1, args.steps + 1):
         time.sleep(0.2)
