@@ -13,6 +13,9 @@
    to 2 processes and from 1 to 2 nodes, and JPEG decoding vs the synthetic input.
 6. Launchers (bench/launchers.py): from `trainpod job slurm|ssh ... --submit` to the job's first step
    on compose/slurm and compose/ssh, vs `docker compose up` of compose/pai-2node (make demo).
+7. Hangs (bench/hangs.py, on this host): from each hang's start (a rank asleep before
+   init_process_group, a skipped collective, a SIGSTOP) to the one-line report with --hang-timeout 10;
+   the progress signal's and the hang watch's cost on steady samples/s, side by side.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import examples  # bench/ is on the path: python3 bench/run.py
 import launchers
+from hangs import report as hangs_report
 from recovery import report as recovery_report
 
 HERE = Path(__file__).resolve().parent
@@ -112,9 +116,17 @@ def bench_recovery() -> dict:
     return tagged(done.stdout, "bench-recovery: ")
 
 
+def bench_hangs() -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "hangs.py")], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench: hangs failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    return tagged(done.stdout, "bench-hangs: ")
+
+
 def main() -> int:
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
+    hangs = bench_hangs()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()
@@ -151,6 +163,7 @@ def main() -> int:
     print("\n" + recovery_report(recovery))
     print("\n" + examples.report(example_figures))
     print("\n" + launchers.report(launchers.measure()))
+    print("\n" + hangs_report(hangs))
     return 0
 
 

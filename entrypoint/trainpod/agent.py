@@ -8,9 +8,12 @@ the code; here trainpod.agent_policy decides each restart (never after 64, 73, 7
 of restarts without progress, shared with the supervisor; the same failure twice ends the job),
 and one node that stops or gives up ends the job on every node (trainpod.control).
 
+It also runs the hang watch (trainpod.hangwatch, --hang-timeout): a stalled worker group is
+killed and counts as a failed one with code 124, which the same policy decides on.
+
 torch offers no hook for these changes, so the agent relies on some of torch's private API:
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
-`_monitor_workers()`, `_invoke_run()`, `_shutdown()`, `_remaining_restarts`, `_worker_group`,
+`_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_remaining_restarts`, `_worker_group`,
 `_pcontext.stderrs` and the c10d rendezvous handler's `_store`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
@@ -19,10 +22,11 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
-from trainpod import agent_policy, log
+from trainpod import agent_policy, hangwatch, log
 from trainpod.errors import EXIT_UNAVAILABLE
 
 CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
@@ -38,7 +42,7 @@ def torch_internals_missing() -> list[str]:
     missing = []
     if getattr(launcher, "LocalElasticAgent", None) is not LocalElasticAgent:
         missing.append("torch.distributed.launcher.api.LocalElasticAgent (the class the launcher builds)")
-    for method in ("_monitor_workers", "_invoke_run", "_shutdown"):
+    for method in ("_monitor_workers", "_start_workers", "_invoke_run", "_shutdown"):
         if not callable(getattr(LocalElasticAgent, method, None)):
             missing.append(f"LocalElasticAgent.{method}()")
     missing += _rendezvous_store_missing()
@@ -79,19 +83,6 @@ def _rendezvous_store_missing() -> list[str]:
     return [] if getattr(handler, "_store", None) is store else ["DynamicRendezvousHandler._store (the store the agents share)"]
 
 
-def _exit_code(exitcode: int) -> int:
-    return 128 - exitcode if exitcode < 0 else exitcode
-
-
-def _describe(exitcode: int) -> str:
-    if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with {exitcode}"
-
-
 class _PrefixedFormatter(logging.Formatter):
     """Puts the node prefix in front of every line another formatter produces."""
 
@@ -117,16 +108,19 @@ def _prefix_logs(prefix: str) -> None:
 
 def _report(failures, say: log.Log) -> None:
     for rank, failure in sorted(failures.items()):
-        say(f"rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}")
+        say(f"rank {rank} (local rank {failure.local_rank}) {agent_policy.describe_failure(failure)}")
 
 
-def _install_agent_class(say: log.Log) -> None:
+def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None) -> None:
     """Make torchrun's launcher build our agent: torch offers no hook for the changes it makes."""
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    class Agent(agent_policy.AgentPolicy, LocalElasticAgent):
-        """torchrun's agent with trainpod's restart policy, stop key and orphan guard (trainpod.agent_policy)."""
+    class Agent(agent_policy.AgentPolicy, hangwatch.WatchedAgent, LocalElasticAgent):
+        """torchrun's agent with trainpod's restart policy, stop key and orphan guard (trainpod.agent_policy),
+        which sees a hung worker group (trainpod.hangwatch) as a failed one."""
+
+        hang_watch = watch
 
     launcher.LocalElasticAgent = Agent
 
@@ -151,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import get_args_parser, run
 
     _prefix_logs(log.tag(node) + " ")
-    _install_agent_class(say)
+    watch = hangwatch.Watch.from_env(node, say)  # --hang-timeout (TRAINPOD_HANG_TIMEOUT), None when 0
+    if watch is not None:
+        os.environ.update(watch.environment())  # the ranks inherit the agent's environment
+    _install_agent_class(say, watch)
 
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
@@ -163,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if policy is not None and policy.final is not None:
             return policy.final.code  # decided, and said, by the policy
         _report(error.failures, say)
-        return _exit_code(error.get_first_failure()[1].exitcode)
+        return agent_policy.exit_code(error.get_first_failure()[1].exitcode)
     except agent_policy.MasterLost:
         return EXIT_UNAVAILABLE  # said by the policy; final or not, it is in the budget for the supervisor
     except SignalException as error:

@@ -20,6 +20,9 @@ Every rank is started through trainpod.orphans (it dies with the agent), and rep
 to TRAINPOD_PROGRESS_DIR (set here when the launcher did not: the supervisor's directory, which
 outlives the agent, or a temporary one).
 
+A hung worker group (trainpod.hangwatch, a mixin between this one and torch's agent) reaches the
+policy as a failed one whose code is 124, already explained by the watch's line.
+
 torch's private API used here (checked by trainpod.agent.torch_internals_missing()):
 LocalElasticAgent._monitor_workers(), _invoke_run(), _shutdown(), _remaining_restarts,
 _worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs, and the c10d
@@ -34,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainpod import log, orphans, progress, restarts
+from trainpod import hangwatch, log, orphans, progress, restarts
 from trainpod.control import JobControl, Stop
 from trainpod.errors import EXIT_UNAVAILABLE
 from trainpod.settings import REJOIN_TIMEOUT
@@ -60,6 +63,13 @@ def describe_exit(exitcode: int) -> str:
         except ValueError:
             return f"was killed by signal {-exitcode}"
     return f"exited with {exitcode}"
+
+
+def describe_failure(failure) -> str:
+    """describe_exit() of a failed worker, or what the hang watch did to it (its code is 124)."""
+    if hangwatch.is_hang(failure):
+        return f"was stopped by the hang watch ({failure.exitcode})"
+    return describe_exit(failure.exitcode)
 
 
 class MasterLost(Exception):
@@ -175,10 +185,10 @@ class AgentPolicy:
             committed = max(committed, control.job_committed)
         stderr = getattr(self._pcontext, "stderrs", {}).get(first.local_rank) if self._pcontext else None
         failure = restarts.Failure(code=code, committed=committed, step=step,
-                                   where=restarts.read_where(stderr) if first.exitcode > 0 else "",
+                                   where="hang" if hangwatch.is_hang(first) else restarts.read_where(stderr) if first.exitcode > 0 else "",
                                    ran_s=time.monotonic() - self._attempt_started, who=f"rank {rank}")
         for global_rank, each in sorted(result.failures.items()):
-            self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_exit(each.exitcode)}")
+            self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_failure(each)}")
         decision = self.budget.decide(failure)
         self._say(("restarting the worker group: " if decision.restart else "") + decision.line)
         max_restarts = self._worker_group.spec.max_restarts

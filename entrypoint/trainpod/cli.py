@@ -54,7 +54,7 @@ EXAMPLE = Setting("example", f"a bundled example: {', '.join(EXAMPLES)}; flags a
 JSON = Setting("json", "print JSON instead of a table", Switch(), default=False)
 RESOLVE = Setting("resolve", "also resolve the master's DNS name to pick the interface", Switch(), default=False)
 # Shape the command `run` would exec, so `explain` takes them too and shows that command exactly.
-RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION)
+RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS)
 
 
 def _job_flags(parser: argparse.ArgumentParser) -> None:
@@ -183,7 +183,8 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
     if target:
         plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=values.max_restarts,
                           term_grace=values.term_grace, join_timeout=values.connect_timeout,
-                          progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout)
+                          progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
+                          hang_timeout=values.hang_timeout)
     if explain.json:
         data = topology.to_dict()
         if plan:
@@ -204,7 +205,8 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         say(f"warning: {warning}")
     spec = job.JobSpec(topology=topology, target=target, connect_timeout=values.connect_timeout,
                        term_grace=values.term_grace, max_restarts=values.max_restarts,
-                       progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout)
+                       progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
+                       hang_timeout=values.hang_timeout)
     if values.no_supervise:
         job.run(spec)  # does not return: this process becomes torchrun's agent
     if importlib.util.find_spec("supervisor") is None:

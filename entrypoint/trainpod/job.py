@@ -24,7 +24,7 @@ from trainpod.errors import EXIT_USAGE, TrainpodError
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
 from trainpod.restarts import Budget
-from trainpod.settings import PROGRESS_WINDOW, REJOIN_TIMEOUT
+from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, REJOIN_TIMEOUT
 from trainpod.supervise import BUDGET_DIR, supervisor_pid
 from trainpod.topology import Topology
 
@@ -42,6 +42,7 @@ class JobSpec:
     max_restarts: int
     progress_window: float = PROGRESS_WINDOW.default
     rejoin_timeout: float = REJOIN_TIMEOUT.default
+    hang_timeout: float = HANG_TIMEOUT.default
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -59,6 +60,7 @@ class JobSpec:
             max_restarts=data["max_restarts"],
             progress_window=data.get("progress_window", PROGRESS_WINDOW.default),
             rejoin_timeout=data.get("rejoin_timeout", REJOIN_TIMEOUT.default),
+            hang_timeout=data.get("hang_timeout", HANG_TIMEOUT.default),
         )
 
 
@@ -76,7 +78,8 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     # The whole budget: the agent reads what is spent (trainpod.restarts) and decides each restart.
     plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=spec.max_restarts,
                       term_grace=spec.term_grace, join_timeout=spec.connect_timeout,
-                      progress_window=spec.progress_window, rejoin_timeout=spec.rejoin_timeout)
+                      progress_window=spec.progress_window, rejoin_timeout=spec.rejoin_timeout,
+                      hang_timeout=spec.hang_timeout)
     say(
         f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
         f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainpod import log
+from trainpod import hang, log
 from trainpod.errors import UsageError
 from trainpod.examples import EXAMPLES
-from trainpod.settings import PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE
+from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE
 from trainpod.topology import Topology
 
 RDZV_ID = "trainpod"  # the store is this job's own (node 0's agent, master port): no clash to avoid
@@ -91,11 +91,13 @@ def build_plan(
     join_timeout: float = 300.0,
     progress_window: float = PROGRESS_WINDOW.default,
     rejoin_timeout: float = REJOIN_TIMEOUT.default,
+    hang_timeout: float = HANG_TIMEOUT.default,
 ) -> LaunchPlan:
     """`max_restarts`: the restart budget (restarts without progress: trainpod.restarts, which the
     agent applies); `term_grace`: seconds the ranks get after SIGTERM to finish the step and
     checkpoint; `join_timeout`: how long the rendezvous waits for every node (a restarted node
-    included); `progress_window`, `rejoin_timeout`: for the agent (trainpod.agent_policy)."""
+    included); `progress_window`, `rejoin_timeout`: for the agent (trainpod.agent_policy);
+    `hang_timeout`: for the agent's hang watch (trainpod.hang; 0: off)."""
     # c10d, not static: after a failure every agent re-joins a new rendezvous round, so a
     # restarted worker group (or a restarted node) meets the others in a fresh store namespace.
     # Node 0 hosts the store on the master port; the flag says so, as the hostname heuristic
@@ -127,6 +129,7 @@ def build_plan(
         "NO_PROXY": _no_proxy(env, topology.master_addr),
     }
     added["no_proxy"] = added["NO_PROXY"]
+    added.update(hang.plan_env(env, hang_timeout))  # the hang watch: progress files, flight recorder
     # The workers' store must be new for every restarted worker group. torch's default shares the
     # agent's rendezvous store across restarts, and restarted ranks then read the dead ranks'
     # addresses (pytorch/pytorch#135712): "Connection refused" or a hang in init_process_group.

@@ -47,6 +47,7 @@ from typing import Any
 from trainpod import progress
 from trainpod.atomic import write_bytes_atomic
 from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from trainpod.hang import EXIT_HANG
 
 EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped on purpose (docker stop, pre-emption), checkpointed
 NEVER_RESTARTED = (EXIT_OK, EXIT_USAGE, EXIT_CANTCREAT, EXIT_CONFIG, EXIT_STOPPED)
@@ -67,6 +68,8 @@ _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.M)
 
 def describe_code(code: int) -> str:
     """'exited with 3', 'exited with 137 (SIGKILL)': 128 + N is how a shell reports signal N."""
+    if code == EXIT_HANG:
+        return f"hung ({EXIT_HANG}: stopped by the hang watch)"
     if code > 128:
         try:
             return f"exited with {code} ({signal.Signals(code - 128).name})"

@@ -351,3 +351,10 @@ NO_SUPERVISE = Setting(
     "no_supervise", "exec torchrun directly, without supervisord: failed ranks are still restarted by torchrun "
     "(up to --max-restarts), a failed agent is not", Switch(), var="TRAINPOD_NO_SUPERVISE", default=False)
 SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE, NO_SUPERVISE)
+
+HANG_TIMEOUT = Setting(
+    "hang_timeout", "seconds a rank may wait in a collective for a rank that is stopped, idle or gone before the "
+    "agent writes every rank's stack to TRAINPOD_OUTPUT_DIR/hangs, names the ranks behind and restarts the worker "
+    "group as a failure (124 when no restart is left); 0 turns the watch off", Number(minimum=0),
+    var="TRAINPOD_HANG_TIMEOUT", default=120.0)
+HANGS = (HANG_TIMEOUT,)

@@ -1,5 +1,5 @@
 """`trainpod job slurm`: the sbatch script, and --submit through sbatch (a stand-in here; the real one runs in
-tests/integration/test_slurm.py)."""
+tests/integration/test_compose_slurm.py)."""
 
 import os
 import stat
