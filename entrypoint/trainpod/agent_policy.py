@@ -166,6 +166,7 @@ class AgentPolicy:
         super()._shutdown(death_sig, timeout)
         if self.control is not None:
             self.control.wait_seen()  # node 0: the store goes away with this process
+            self.control.close()  # no request to the store in flight when the interpreter exits
 
     # --- the policy ---
 

@@ -177,8 +177,12 @@ class JobControl:
                 pass
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
-    def close(self) -> None:
+    def close(self, wait: float = 2 * POLL_S) -> None:
+        """Stop polling, and wait (bounded) for a poll in flight: a thread still inside a request to the
+        store when the interpreter exits can abort the process (std::terminate in torch's store)."""
         self._closed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(wait)
 
 
 def _parse(value) -> Stop:
