@@ -28,6 +28,8 @@ class Target:
     args: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()  # what the ranks import besides torch: preflight imports it first
     shm_mib: int | None = None  # the /dev/shm it needs (DataLoader workers); 0: none; None: unknown (a command)
+    output_dir: str | None = None  # where an example writes its metrics (None: a command, unknown)
+    checkpoint_dir: str | None = None  # where an example checkpoints (None: nowhere, or a command)
 
     @staticmethod
     def for_example(name: str, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Target:
@@ -35,13 +37,17 @@ class Target:
             raise UsageError(f"--example={name!r}: expected one of {', '.join(EXAMPLES)}")
         example = EXAMPLES[name]
         args = example.args + tuple(extra_args)
-        shm = example.shm_mib if example.uses_loader_workers(args, os.environ if env is None else env) else 0
-        return Target(module=example.module, args=args, needs=example.needs, shm_mib=shm)
+        env = os.environ if env is None else env
+        shm = example.shm_mib if example.uses_loader_workers(args, env) else 0
+        output_dir, checkpoint_dir = example.directories(args, env)
+        return Target(module=example.module, args=args, needs=example.needs, shm_mib=shm, output_dir=output_dir,
+                      checkpoint_dir=checkpoint_dir)
 
     @staticmethod
     def from_dict(data: Mapping) -> Target:
         return Target(module=data["module"], command=tuple(data["command"]), args=tuple(data["args"]),
-                      needs=tuple(data.get("needs", ())), shm_mib=data.get("shm_mib"))
+                      needs=tuple(data.get("needs", ())), shm_mib=data.get("shm_mib"), output_dir=data.get("output_dir"),
+                      checkpoint_dir=data.get("checkpoint_dir"))
 
     def torchrun_args(self) -> list[str]:
         if self.module:

@@ -13,13 +13,14 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 from trainpod import network
-from trainpod.errors import ConfigError, UnreachableError, UsageError
+from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, UnreachableError, UsageError
 from trainpod.topology import Topology
 
 if TYPE_CHECKING:
@@ -182,6 +183,35 @@ def check_interface(topology: Topology) -> None:
         network.check_ifname(topology.interface, origin, "nccl" if origin == "NCCL_SOCKET_IFNAME" else "gloo")
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def check_output_dir(path: str) -> None:
+    """The example's output directory (metrics, the hang watch's stacks): created if missing, and a file
+    created in it and removed again, as the job's user. Unwritable: 78 (a read-only root filesystem, a
+    volume owned by root), with the mounts that fix it; no space: 73. Retrying helps in neither case."""
+    absolute = os.path.abspath(path)
+    try:
+        os.makedirs(absolute, exist_ok=True)
+        with tempfile.TemporaryFile(dir=absolute, prefix=".trainpod-probe."):
+            pass
+    except OSError as exc:
+        why = (f"the output directory {absolute} (--output-dir, TRAINPOD_OUTPUT_DIR) is not writable by uid {os.getuid()}: "
+               f"{exc.strerror or exc}")
+        if exc.errno in NO_SPACE:
+            raise TrainpodError(why, exit_code=EXIT_CANTCREAT) from None
+        raise ConfigError(f"{why}; mount a writable directory there (docker run -v HOSTDIR:{absolute}, or --tmpfs "
+                          f"{absolute}:uid={os.getuid()},gid={os.getgid()}) or set TRAINPOD_OUTPUT_DIR to one") from None
+
+
+def check_checkpoint_dir(path: str, writes: bool) -> None:
+    """trainpod.checkpoint's own check, before any rank starts: every node reads the directory (to
+    resume), node 0's rank 0 writes it. 78 where the path cannot be used, 73 without space."""
+    from trainpod.checkpoint import Checkpointer
+
+    Checkpointer(path).check(write=writes)
+
+
 def shm_needed(topology: Topology, target: Target | None) -> int:
     """The /dev/shm (bytes) this job needs: DataLoader workers pass batches through it, NCCL's transport
     between the ranks of a node too. 0 where it cannot matter (a bundled example without workers)."""
@@ -201,6 +231,10 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
     check_torch()
     if target is not None and target.needs:
         check_imports(target.needs, f"the example {target.module}" if target.module else "the job")
+    if target is not None and target.output_dir:
+        check_output_dir(target.output_dir)
+    if target is not None and target.checkpoint_dir:
+        check_checkpoint_dir(target.checkpoint_dir, writes=topology.node_rank == 0)
     master_ip = resolve_master(topology, connect_timeout)
     if topology.interface is None:
         name, why = network.interface_for(master_ip)

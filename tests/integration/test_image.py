@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.docker]
 
 # The README's hardened run: read-only root, no capabilities, no new privileges, writable tmpfs
 # only where the job writes, owned by the image's user (uid 1000).
-HARDENED = ["--read-only", "--tmpfs", "/tmp", "--tmpfs", "/workspace/output:uid=1000,gid=1000", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "--shm-size", "256m"]
+LOCKED = ["--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--shm-size", "256m"]
+HARDENED = [*LOCKED, "--tmpfs", "/workspace/output:uid=1000,gid=1000"]
 
 
 def test_a_hardened_run_trains_and_writes_its_metrics(docker_ready):
@@ -24,6 +24,18 @@ def test_a_hardened_run_trains_and_writes_its_metrics(docker_ready):
     metrics = parse_metrics_line(result.stdout)
     assert metrics["ranks_agree"] and metrics["metrics"] == "/workspace/output/metrics.json"
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_read_only_output_directory_is_78_at_once_with_the_mounts_that_fix_it(docker_ready):
+    result = run("docker", "run", "--rm", *LOCKED, IMAGE, "trainpod", "run", "--nproc-per-node", "2", "--example",
+                 "cifar10-ddp", timeout=120, check=False)
+    assert result.returncode == 78, (result.stdout + result.stderr)[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == ["[node0] trainpod: error: the output directory /workspace/output (--output-dir, TRAINPOD_OUTPUT_DIR) "
+                      "is not writable by uid 1000: Read-only file system; mount a writable directory there (docker run -v "
+                      "HOSTDIR:/workspace/output, or --tmpfs /workspace/output:uid=1000,gid=1000) or set TRAINPOD_OUTPUT_DIR "
+                      "to one"], result.stderr
+    assert "rank" not in result.stderr and "restarting" not in result.stderr
 
 
 def layers(image: str) -> list[tuple[int, str]]:

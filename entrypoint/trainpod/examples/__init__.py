@@ -30,17 +30,30 @@ class Example:
 
     def uses_loader_workers(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> bool:
         """Whether a run with these example flags (and TRAINPOD_WORKERS) starts DataLoader workers."""
-        workers = None
-        for i, arg in enumerate(args):
-            if arg == "--workers" and i + 1 < len(args):
-                workers = args[i + 1]
-            elif arg.startswith("--workers="):
-                workers = arg.split("=", 1)[1]
-        if workers is None and env:
-            workers = env.get("TRAINPOD_WORKERS", "").strip() or None
+        workers = flag_value(args, "--workers", env, "TRAINPOD_WORKERS")
         if workers is None:
             return self.loader_workers
         return workers.strip() not in ("0", "+0")  # a bad value is the example's to report
+
+    def directories(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+        """(output directory, checkpoint directory or None) of a run with these flags and variables:
+        what its ranks will write, for preflight to check first (trainpod.examples.harness's defaults)."""
+        return (flag_value(args, "--output-dir", env, "TRAINPOD_OUTPUT_DIR") or "./output",
+                flag_value(args, "--checkpoint-dir", env, "TRAINPOD_CHECKPOINT_DIR"))
+
+
+def flag_value(args: Sequence[str], flag: str, env: Mapping[str, str] | None = None, var: str = "") -> str | None:
+    """The last `FLAG VALUE` or `FLAG=VALUE` in an example's arguments, else its variable's non-empty
+    value, else None: as the example's own parser will see it (trainpod.settings), without torch."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    if value is None and env and var:
+        value = env.get(var, "").strip() or None
+    return value
 
 
 EXAMPLES: dict[str, Example] = {
