@@ -186,30 +186,25 @@ def check_interface(topology: Topology) -> None:
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def check_output_dir(path: str) -> None:
-    """The example's output directory (metrics, the hang watch's stacks): created if missing, and a file
-    created in it and removed again, as the job's user. Unwritable: 78 (a read-only root filesystem, a
-    volume owned by root), with the mounts that fix it; no space: 73. Retrying helps in neither case."""
+def check_writable(path: str, what: str) -> None:
+    """A directory the job's ranks will write (`what`: its name and its flag and variable): created if
+    missing, and a file created in it and removed again, as the job's user, without importing torch.
+    Unwritable: 78 (a read-only root filesystem, a volume owned by root, a file on the path), with the
+    mounts that fix it; no space: 73. Retrying helps in neither case."""
     absolute = os.path.abspath(path)
     try:
         os.makedirs(absolute, exist_ok=True)
         with tempfile.TemporaryFile(dir=absolute, prefix=".trainpod-probe."):
             pass
     except OSError as exc:
-        why = (f"the output directory {absolute} (--output-dir, TRAINPOD_OUTPUT_DIR) is not writable by uid {os.getuid()}: "
-               f"{exc.strerror or exc}")
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+            reason = "it, or a folder on its path, is a file"
+        why = f"the {what.format(path=absolute)} is not writable by uid {os.getuid()}: {reason}"
         if exc.errno in NO_SPACE:
             raise TrainpodError(why, exit_code=EXIT_CANTCREAT) from None
         raise ConfigError(f"{why}; mount a writable directory there (docker run -v HOSTDIR:{absolute}, or --tmpfs "
-                          f"{absolute}:uid={os.getuid()},gid={os.getgid()}) or set TRAINPOD_OUTPUT_DIR to one") from None
-
-
-def check_checkpoint_dir(path: str, writes: bool) -> None:
-    """trainpod.checkpoint's own check, before any rank starts: every node reads the directory (to
-    resume), node 0's rank 0 writes it. 78 where the path cannot be used, 73 without space."""
-    from trainpod.checkpoint import Checkpointer
-
-    Checkpointer(path).check(write=writes)
+                          f"{absolute}:uid={os.getuid()},gid={os.getgid()}) or choose another one") from None
 
 
 def shm_needed(topology: Topology, target: Target | None) -> int:
@@ -232,9 +227,9 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
     if target is not None and target.needs:
         check_imports(target.needs, f"the example {target.module}" if target.module else "the job")
     if target is not None and target.output_dir:
-        check_output_dir(target.output_dir)
-    if target is not None and target.checkpoint_dir:
-        check_checkpoint_dir(target.checkpoint_dir, writes=topology.node_rank == 0)
+        check_writable(target.output_dir, "output directory {path} (--output-dir, TRAINPOD_OUTPUT_DIR)")
+    if target is not None and target.checkpoint_dir and topology.node_rank == 0:  # where rank 0 saves them
+        check_writable(target.checkpoint_dir, "checkpoint directory {path} (--checkpoint-dir, TRAINPOD_CHECKPOINT_DIR)")
     master_ip = resolve_master(topology, connect_timeout)
     if topology.interface is None:
         name, why = network.interface_for(master_ip)

@@ -33,8 +33,7 @@ def test_a_read_only_output_directory_is_78_at_once_with_the_mounts_that_fix_it(
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert errors == ["[node0] trainpod: error: the output directory /workspace/output (--output-dir, TRAINPOD_OUTPUT_DIR) "
                       "is not writable by uid 1000: Read-only file system; mount a writable directory there (docker run -v "
-                      "HOSTDIR:/workspace/output, or --tmpfs /workspace/output:uid=1000,gid=1000) or set TRAINPOD_OUTPUT_DIR "
-                      "to one"], result.stderr
+                      "HOSTDIR:/workspace/output, or --tmpfs /workspace/output:uid=1000,gid=1000) or choose another one"], result.stderr
     assert "rank" not in result.stderr and "restarting" not in result.stderr
 
 

@@ -220,9 +220,10 @@ def test_a_checkpoint_directory_that_is_a_file_or_of_another_model_is_78(tmp_pat
     (tmp_path / "file").write_text("x")
     result = run_job("--example", "cifar10-ddp", "--", "--checkpoint-dir", str(tmp_path / "file"))
     assert result.returncode == 78 and "Traceback" not in result.stderr, result.stderr
-    assert error_lines(result) == [  # said by preflight, before any rank starts
-        f"[node0] trainpod: error: the checkpoint directory {tmp_path / 'file'} is not a directory (it, or a folder on its "
-        "path, is a file); choose another directory or fix this one"]
+    (line,) = error_lines(result)  # said by preflight, before any rank starts
+    assert line.startswith(f"[node0] trainpod: error: the checkpoint directory {tmp_path / 'file'} (--checkpoint-dir, "
+                           f"TRAINPOD_CHECKPOINT_DIR) is not writable by uid {os.getuid()}: it, or a folder on its path, is a file; "
+                           "mount a writable "), line
     assert "rank" not in result.stderr and not restarted(result)
 
     import torch
@@ -243,8 +244,8 @@ def test_an_output_directory_that_cannot_be_written_is_78_before_any_rank_starts
     assert result.returncode == 78, result.stderr
     (line,) = error_lines(result)
     assert line.startswith(f"[node0] trainpod: error: the output directory {tmp_path / 'file' / 'out'} (--output-dir, "
-                           f"TRAINPOD_OUTPUT_DIR) is not writable by uid {os.getuid()}: Not a directory; mount a writable "
-                           f"directory there (docker run -v HOSTDIR:{tmp_path / 'file' / 'out'}, or --tmpfs "), line
+                           f"TRAINPOD_OUTPUT_DIR) is not writable by uid {os.getuid()}: it, or a folder on its path, is a file; "
+                           f"mount a writable directory there (docker run -v HOSTDIR:{tmp_path / 'file' / 'out'}, or --tmpfs "), line
     assert "rank" not in result.stderr and "Traceback" not in result.stderr and not restarted(result)
 
 
