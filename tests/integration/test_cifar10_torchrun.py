@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from trainpod.examples.reporting import summary  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "entrypoint"
 TIMEOUT_S = 180
@@ -104,7 +106,9 @@ def test_stdout_carries_the_metrics_once_on_its_last_line(runs):
     lines = result.stdout.splitlines()
     metric_lines = [line for line in lines if line.startswith("trainpod-metrics: ")]
     assert len(metric_lines) == 1 and lines[-1] == metric_lines[0]
-    assert json.loads(metric_lines[0][len("trainpod-metrics: ") :]) == metrics
+    # The line is the summary (a few figures, rounded, and where the rest is); metrics.json has everything.
+    out = runs[0][2]
+    assert json.loads(metric_lines[0][len("trainpod-metrics: ") :]) == summary(metrics, out / "metrics.json")
 
 
 def test_only_rank_0_reports(runs):
