@@ -3,6 +3,7 @@ trainpod image): the sbatch script `trainpod job slurm` renders, submitted with 
 controller, trains on 2 nodes x 2 processes; scancel mid-run stops every rank and leaves the
 checkpoint loadable."""
 
+import json
 import re
 import time
 
@@ -71,7 +72,8 @@ def test_the_rendered_sbatch_script_trains_on_two_nodes(cluster):
     job = submit(cluster, "--epochs", "1", *SMALL, "--output-dir", "/shared/run1")
     assert wait_for(cluster, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, 300) == "COMPLETED", log(cluster, job)
     output = log(cluster, job)
-    metrics = parse_metrics_line(output)
+    assert parse_metrics_line(output)["metrics"] == "/shared/run1/metrics.json"  # the log has the summary
+    metrics = json.loads(ctl(cluster, "cat", "/shared/run1/metrics.json").stdout)
     assert (metrics["world_size"], metrics["nnodes"], metrics["backend"]) == (4, 2, "gloo")
     assert len(metrics["rank_checksums"]) == 4 and len(set(metrics["rank_checksums"])) == 1
     for node in (0, 1):  # each node's trainpod found its place in SLURM's variables
