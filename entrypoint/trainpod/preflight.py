@@ -35,6 +35,28 @@ def check_torch() -> None:
         )
 
 
+def check_cuda_driver(topology: Topology, env: Mapping[str, str], *, cuda: str | None = None, driver=None) -> None:
+    """A CUDA build of torch on a host whose NVIDIA driver is too old (or missing) fails late and
+    obscurely (NCCL, "no GPU"): with NCCL or GPUs asked for, say so first, in one line (78).
+    `cuda`, `driver`: torch's CUDA version and (version, where read), for tests."""
+    from trainpod import devices
+
+    if topology.backend != "nccl" and not devices.visible_gpu_count(env):
+        return
+    cuda = devices.torch_cuda_version() if cuda is None else cuda
+    needed = devices.MIN_DRIVER_FOR_CUDA.get(int(cuda.split(".")[0])) if cuda else None
+    if needed is None:
+        return  # a CPU build (the backend check speaks for it) or a CUDA this table does not know
+    version, where = devices.nvidia_driver_version() if driver is None else driver
+    if version is None or version < needed:
+        found = f"this host's is {'.'.join(map(str, version))} ({where})" if version else f"none was found ({where})"
+        raise ConfigError(
+            f"torch here is built for CUDA {cuda}, which needs an NVIDIA driver >= {'.'.join(map(str, needed))}, and "
+            f"{found}: upgrade the host's driver, or run an image whose torch is built for an older CUDA; in a "
+            "container the driver comes from the host (docker run --gpus all, NVIDIA container toolkit)"
+        )
+
+
 def resolve_master(topology: Topology, timeout: float) -> str:
     """The master's IP. Waits for DNS: on Kubernetes a peer's name appears only once it starts."""
     deadline = time.monotonic() + timeout
@@ -139,6 +161,7 @@ def check_interface(topology: Topology) -> None:
 def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout: float, log: Log) -> Topology:
     """Run the checks; returns the topology with the interface settled once the master resolved."""
     check_torch()
+    check_cuda_driver(topology, env)
     master_ip = resolve_master(topology, connect_timeout)
     if topology.interface is None:
         name, why = network.interface_for(master_ip)
