@@ -11,6 +11,8 @@
    `trainpod run` vs bare `torchrun --max-restarts 3` on the same job; alternating runs, medians.
 5. The examples (bench/examples.py, in the compose nodes): samples/s of each, DDP scaling from 1
    to 2 processes and from 1 to 2 nodes, and JPEG decoding vs the synthetic input.
+6. The images (bench/images.py, first, as it builds and runs nothing): each flavour's size and
+   layers, its cold and warm build times, and the Apex build's time, memory and wheel size.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 
 import examples  # bench/ is on the path: python3 bench/run.py
 from recovery import report as recovery_report
+
+import images
 
 HERE = Path(__file__).resolve().parent
 COMPOSE = ["docker", "compose", "-f", str(HERE / "compose.yaml")]
@@ -110,6 +114,7 @@ def bench_recovery() -> dict:
 
 
 def main() -> int:
+    print(images.report(), flush=True)
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
