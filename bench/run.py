@@ -11,7 +11,12 @@
    `trainpod run` vs bare `torchrun --max-restarts 3` on the same job; alternating runs, medians.
 5. The examples (bench/examples.py, in the compose nodes): samples/s of each, DDP scaling from 1
    to 2 processes and from 1 to 2 nodes, and JPEG decoding vs the synthetic input.
-6. The images (bench/images.py, first, as it builds and runs nothing): each flavour's size and
+6. Launchers (bench/launchers.py): from `trainpod job slurm|ssh ... --submit` to the job's first step
+   on compose/slurm and compose/ssh, vs `docker compose up` of compose/pai-2node (make demo).
+7. Hangs (bench/hangs.py, on this host): from each hang's start (a rank asleep before
+   init_process_group, a skipped collective, a SIGSTOP) to the one-line report with --hang-timeout 10;
+   the progress signal's and the hang watch's cost on steady samples/s, side by side.
+8. The images (bench/images.py, first, as it builds and runs nothing): each flavour's size and
    layers, its cold and warm build times, and the Apex build's time, memory and wheel size.
 """
 
@@ -24,6 +29,8 @@ import sys
 from pathlib import Path
 
 import examples  # bench/ is on the path: python3 bench/run.py
+import launchers
+from hangs import report as hangs_report
 from recovery import report as recovery_report
 
 import images
@@ -113,10 +120,18 @@ def bench_recovery() -> dict:
     return tagged(done.stdout, "bench-recovery: ")
 
 
+def bench_hangs() -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "hangs.py")], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench: hangs failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    return tagged(done.stdout, "bench-hangs: ")
+
+
 def main() -> int:
     print(images.report(), flush=True)
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
+    hangs = bench_hangs()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()
@@ -152,6 +167,8 @@ def main() -> int:
 
     print("\n" + recovery_report(recovery))
     print("\n" + examples.report(example_figures))
+    print("\n" + launchers.report(launchers.measure()))
+    print("\n" + hangs_report(hangs))
     return 0
 
 

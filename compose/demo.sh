@@ -32,21 +32,11 @@ done
 wait "${logs[@]}" 2>/dev/null || true
 
 # Global rank 0 wrote metrics.json to the volume both nodes share (docker cp reads stopped containers).
-metrics=$(docker cp "$("${compose[@]}" ps -a -q node0)":/workspace/output/metrics.json - 2>/dev/null | tar -xO || true)
-if [ -n "$metrics" ]; then
+if metrics=$(docker cp "$("${compose[@]}" ps -a -q node0)":/workspace/output/metrics.json - 2>/dev/null | tar -xO); then
     echo
-    echo "final metrics (global rank 0):"
-    python3 - "$metrics" <<'PY'
-import json, sys
-m = json.loads(sys.argv[1])
-same = len(set(m["rank_checksums"])) == 1
-print(f"  example           {m['example']} ({m['precision']})")
-print(f"  world size        {m['world_size']} ({m['nnodes']} nodes, {m['backend']})")
-print(f"  dataset           {m['dataset']}, {m['epochs']} epochs, {m['steps']} steps")
-print(f"  loss              {m['loss_curve'][0][1]:.4f} -> {m['final_loss']:.4f}")
-print(f"  test accuracy     {m['test_accuracy']:.3f}")
-print(f"  samples/s         {m['samples_per_sec']:.1f}")
-print(f"  weights checksum  {m['checksum'][:16]}... ({'identical on all' if same else 'DIFFERENT across'} {len(m['rank_checksums'])} ranks)")
-PY
+    python3 "$here/print-metrics.py" "global rank 0" <<<"$metrics" || status=1
+else
+    echo "demo: no metrics.json on the shared volume" >&2
+    status=1
 fi
 exit "$status"

@@ -4,13 +4,17 @@
 whatever its workers returned; here the exit code is the first failed rank's own code (earliest by
 time; a signal becomes 128 + its number, as a shell reports it), so a cluster can tell a crash
 from a pre-emption. torchrun restarts a failed worker group up to --max-restarts times whatever
-the code; here a rank that exits 64 or 78 (a usage or configuration error) ends the job at once,
-and the restarts torchrun made are written for the supervisor, which counts them against the
-same budget.
+the code; here trainpod.agent_policy decides each restart (never after 64, 73, 78 or 143; a budget
+of restarts without progress, shared with the supervisor; the same failure twice ends the job),
+and one node that stops or gives up ends the job on every node (trainpod.control).
+
+It also runs the hang watch (trainpod.hangwatch, --hang-timeout): a stalled worker group is
+killed and counts as a failed one with code 124, which the same policy decides on.
 
 torch offers no hook for these changes, so the agent relies on some of torch's private API:
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
-`_monitor_workers()`, `_remaining_restarts` and `_worker_group`. Checked with torch 2.13.0
+`_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_remaining_restarts`, `_worker_group`,
+`_pcontext.stderrs` and the c10d rendezvous handler's `_store`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
 """
@@ -18,12 +22,12 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
-from trainpod import log
+from trainpod import agent_policy, hangwatch, log
 from trainpod.errors import EXIT_UNAVAILABLE
-from trainpod.supervise import NEVER_RESTARTED, record_worker_restarts
 
 CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
 
@@ -38,8 +42,10 @@ def torch_internals_missing() -> list[str]:
     missing = []
     if getattr(launcher, "LocalElasticAgent", None) is not LocalElasticAgent:
         missing.append("torch.distributed.launcher.api.LocalElasticAgent (the class the launcher builds)")
-    if not callable(getattr(LocalElasticAgent, "_monitor_workers", None)):
-        missing.append("LocalElasticAgent._monitor_workers()")
+    for method in ("_monitor_workers", "_start_workers", "_invoke_run", "_shutdown"):
+        if not callable(getattr(LocalElasticAgent, method, None)):
+            missing.append(f"LocalElasticAgent.{method}()")
+    missing += _rendezvous_store_missing()
     try:
         spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=None, entrypoint="true", max_restarts=2)
         agent = LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs())
@@ -47,22 +53,34 @@ def torch_internals_missing() -> list[str]:
         return [*missing, f"LocalElasticAgent(spec, logs_specs=...) ({type(exc).__name__}: {exc})"]
     if getattr(agent, "_remaining_restarts", None) != 2:
         missing.append("LocalElasticAgent._remaining_restarts (the restarts left)")
-    if getattr(getattr(getattr(agent, "_worker_group", None), "spec", None), "max_restarts", None) != 2:
+    spec = getattr(getattr(agent, "_worker_group", None), "spec", None)
+    if getattr(spec, "max_restarts", None) != 2:
         missing.append("LocalElasticAgent._worker_group.spec.max_restarts")
+    if getattr(spec, "entrypoint", None) != "true" or not hasattr(spec, "args"):
+        missing.append("WorkerSpec.entrypoint and .args (the ranks' command)")
+    if not hasattr(agent, "_pcontext"):
+        missing.append("LocalElasticAgent._pcontext (its stderrs: the ranks' log files)")
+    import inspect
+
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    if "self.stderrs" not in inspect.getsource(PContext.__init__):
+        missing.append("PContext.stderrs (local rank -> the file of its stderr)")
     return missing
 
 
-def _exit_code(exitcode: int) -> int:
-    return 128 - exitcode if exitcode < 0 else exitcode
+def _rendezvous_store_missing() -> list[str]:
+    """The c10d rendezvous handler keeps the store the agents share as `_store` (trainpod.control)."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-
-def _describe(exitcode: int) -> str:
-    if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with {exitcode}"
+    store = dist.HashStore()
+    try:
+        handler = DynamicRendezvousHandler.from_backend("check", store, C10dRendezvousBackend(store, "check"), 1, 1)
+    except Exception as exc:
+        return [f"DynamicRendezvousHandler.from_backend(...) ({type(exc).__name__}: {exc})"]
+    return [] if getattr(handler, "_store", None) is store else ["DynamicRendezvousHandler._store (the store the agents share)"]
 
 
 class _PrefixedFormatter(logging.Formatter):
@@ -90,32 +108,19 @@ def _prefix_logs(prefix: str) -> None:
 
 def _report(failures, say: log.Log) -> None:
     for rank, failure in sorted(failures.items()):
-        say(f"rank {rank} (local rank {failure.local_rank}) {_describe(failure.exitcode)}")
+        say(f"rank {rank} (local rank {failure.local_rank}) {agent_policy.describe_failure(failure)}")
 
 
-def _install_agent_class(say: log.Log) -> None:
-    """Make torchrun's launcher build our agent: torch offers no hook for either change below."""
+def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None) -> None:
+    """Make torchrun's launcher build our agent: torch offers no hook for the changes it makes."""
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    class Agent(LocalElasticAgent):
-        def _monitor_workers(self, worker_group):
-            result = super()._monitor_workers(worker_group)
-            if not result.is_failed():
-                return result
-            codes = [_exit_code(failure.exitcode) for failure in result.failures.values()]
-            if any(code in NEVER_RESTARTED for code in codes):
-                self._remaining_restarts = 0  # a usage or configuration error: a restart cannot help
-            if self._remaining_restarts > 0:  # torchrun restarts the group next, without a word of why
-                _report(result.failures, say)
-                say(f"restarting the worker group ({self._remaining_restarts} restart(s) left)")
-            return result
+    class Agent(agent_policy.AgentPolicy, hangwatch.WatchedAgent, LocalElasticAgent):
+        """torchrun's agent with trainpod's restart policy, stop key and orphan guard (trainpod.agent_policy),
+        which sees a hung worker group (trainpod.hangwatch) as a failed one."""
 
-        def run(self, *args, **kwargs):
-            try:
-                return super().run(*args, **kwargs)
-            finally:
-                record_worker_restarts(self._worker_group.spec.max_restarts - self._remaining_restarts)
+        hang_watch = watch
 
     launcher.LocalElasticAgent = Agent
 
@@ -140,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import get_args_parser, run
 
     _prefix_logs(log.tag(node) + " ")
-    _install_agent_class(say)
+    watch = hangwatch.Watch.from_env(node, say)  # --hang-timeout (TRAINPOD_HANG_TIMEOUT), None when 0
+    if watch is not None:
+        os.environ.update(watch.environment())  # the ranks inherit the agent's environment
+    _install_agent_class(say, watch)
 
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
@@ -148,13 +156,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except ChildFailedError as error:
+        policy = agent_policy.current()
+        if policy is not None and policy.final is not None:
+            return policy.final.code  # decided, and said, by the policy
         _report(error.failures, say)
-        return _exit_code(error.get_first_failure()[1].exitcode)
+        return agent_policy.exit_code(error.get_first_failure()[1].exitcode)
+    except agent_policy.MasterLost:
+        return EXIT_UNAVAILABLE  # said by the policy; final or not, it is in the budget for the supervisor
     except SignalException as error:
+        if getattr(error, "code", None) is not None:  # another node ended the job (trainpod.control)
+            return error.code
         # torchrun has already stopped the workers; a stop request is no crash, so no traceback.
         say(f"received {signal.Signals(error.sigval).name}: the workers were stopped")
         return 128 + error.sigval
     except RendezvousError as error:
+        policy = agent_policy.current()
+        if policy is not None and policy.rendezvous_failed():
+            return EXIT_UNAVAILABLE  # the master went away after the start: waited --rejoin-timeout for it
         # The other nodes did not come (or the store went away): as transient as an unreachable master.
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         say(f"error: rendezvous at {args.rdzv_endpoint} failed: {type(error).__name__}: {first_line}")

@@ -1,10 +1,11 @@
-"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`.
+"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`, `trainpod job`.
 
 Flags come from the settings table (trainpod.settings, plus each cluster source's own settings
 in environments/): every flag has its variable twin, and a bad value is one line naming the flag
 (64) or the variable (78). `run` resolves everything here, then hands the job to supervisord as
 a JobSpec (trainpod.job runs it: preflight, then torchrun's agent); `explain` stops before
-running and prints what `run` would do.
+running and prints what `run` would do. `job` writes (prints) the job file of an example for a
+scheduler (trainpod.jobs), or launches it with --submit.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainpod import __version__, environments, job, log, settings
-from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
+from trainpod import __version__, environments, job, jobs, log, settings
+from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
+from trainpod.preflight import check_command
 from trainpod.resolve import Options, resolve_topology
 from trainpod.settings import ArgumentParser, Choice, Setting, Switch
 from trainpod.supervise import Policy, run_supervised, stop_wait_s
@@ -38,8 +40,11 @@ EXIT_CODES = f"""\
 exit codes:
   0    success
   {EXIT_USAGE}   usage error: a bad or conflicting flag (one line names it)
-  {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout
+  {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout, or went away
+       after the job started and did not come back within --rejoin-timeout
+  {EXIT_CANTCREAT}   a checkpoint could not be written: no space or no permission (not restarted)
   {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete (one line names it)
+  143  stopped by SIGTERM, on this node or on another node of the job (not restarted)
   other  the training's own exit code (128+N: its rank was killed by signal N)
 """
 
@@ -49,7 +54,7 @@ EXAMPLE = Setting("example", f"a bundled example: {', '.join(EXAMPLES)}; flags a
 JSON = Setting("json", "print JSON instead of a table", Switch(), default=False)
 RESOLVE = Setting("resolve", "also resolve the master's DNS name to pick the interface", Switch(), default=False)
 # Shape the command `run` would exec, so `explain` takes them too and shows that command exactly.
-RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION)
+RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS)
 
 
 def _job_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +64,8 @@ def _job_flags(parser: argparse.ArgumentParser) -> None:
         if cls.settings:
             settings.add_arguments(parser, cls.settings, f"source {cls.name}: {cls.description}")
     settings.add_arguments(parser, (EXAMPLE,), "what to run (or -- CMD ...)")
-    settings.add_arguments(parser, RUN, "running (supervisord restarts the job; 64 and 78 are never restarted)")
+    settings.add_arguments(parser, RUN, "running (restarted after a failure without progress up to --max-restarts; "
+                                        "64, 73, 78 and 143 never; the same failure twice ends the job)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser(
         "run",
         help="check the setup, then run an example or your command on every local rank via torchrun",
-        description="Resolve the topology, then, under supervisord (restarted after failures, never after 64 or 78), "
-        "run the preflight checks and torchrun. Every output line is prefixed with [nodeN rankR].",
+        description="Resolve the topology, then, under supervisord (restarted after a failure within a budget of restarts "
+        "without progress; never after 64, 73, 78 or 143, never twice for the same failure), run the preflight checks "
+        "and torchrun. Every output line is prefixed with [nodeN rankR].",
         epilog="usage with a command: trainpod run [flags] -- python train.py --your-args\n"
         "an example with its own flags: trainpod run --example cifar10-ddp -- --epochs 5\n\n" + EXIT_CODES,
         formatter_class=formatter,
@@ -91,7 +98,28 @@ def build_parser() -> argparse.ArgumentParser:
     _job_flags(run_parser)
 
     commands.add_parser("examples", help="list the bundled examples")
+    _job_parser(commands, formatter)
     return parser
+
+
+def _job_parser(commands, formatter) -> None:
+    """`trainpod job SCHEDULER NAME [flags] [-- ARGS]`: one subcommand per scheduler in trainpod.jobs' registry."""
+    job_parser = commands.add_parser(
+        "job", help="print an example's job file for a scheduler (openpai, kubeflow, slurm, ssh), or --submit it",
+        description="Print the job file that runs a bundled example on a scheduler, generated from the example registry; "
+        "nothing is written. --submit launches it where trainpod can (slurm: sbatch; ssh: runs it on every host).",
+        epilog="usage: trainpod job SCHEDULER NAME [flags] [-- the example's own flags]\n\n" + EXIT_CODES,
+        formatter_class=formatter)
+    schedulers = job_parser.add_subparsers(dest="scheduler", metavar="SCHEDULER", parser_class=ArgumentParser, required=True)
+    for cls in jobs.REGISTRY.values():
+        sub = schedulers.add_parser(
+            cls.name, help=cls.description, formatter_class=formatter,
+            description=f"trainpod job {cls.name}: {cls.description}. --submit: {cls.submits or 'not supported'}.",
+            epilog=f"usage: trainpod job {cls.name} NAME [flags] [-- the example's own flags]\n\n" + EXIT_CODES)
+        sub.add_argument("job_example", metavar="NAME", help=f"a bundled example: {', '.join(EXAMPLES)}")
+        settings.add_arguments(sub, jobs.SETTINGS, "the job")
+        if cls.settings:
+            settings.add_arguments(sub, cls.settings, cls.name)
 
 
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -104,7 +132,7 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _target(name: str | None, command: list[str], subcommand: str, required: bool) -> Target | None:
     if name:
-        return Target.for_example(name, command)  # after --: the example's own flags
+        return Target.for_example(name, command, os.environ)  # after --: the example's own flags
     if command:
         return Target(command=tuple(command))
     if required:
@@ -154,7 +182,9 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
     plan = None
     if target:
         plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=values.max_restarts,
-                          term_grace=values.term_grace, join_timeout=values.connect_timeout)
+                          term_grace=values.term_grace, join_timeout=values.connect_timeout,
+                          progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
+                          hang_timeout=values.hang_timeout)
     if explain.json:
         data = topology.to_dict()
         if plan:
@@ -168,15 +198,22 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
 
 def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     topology, values, target = _job(args, command, os.environ, required=True, resolve_names=False)
+    if target.command:
+        check_command(target.command, os.environ)  # not found: 64 here, before any rank (or supervisord) starts
+    say = log.writer(topology.node_rank)
+    for warning in topology.warnings:  # once per run, not once per restart of the job
+        say(f"warning: {warning}")
     spec = job.JobSpec(topology=topology, target=target, connect_timeout=values.connect_timeout,
-                   term_grace=values.term_grace, max_restarts=values.max_restarts)
+                       term_grace=values.term_grace, max_restarts=values.max_restarts,
+                       progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
+                       hang_timeout=values.hang_timeout)
     if values.no_supervise:
         job.run(spec)  # does not return: this process becomes torchrun's agent
     if importlib.util.find_spec("supervisor") is None:
         raise ConfigError("supervisor is not installed in this Python: pip install supervisor, or run with --no-supervise")
     # The outer run: what could be checked without the network was (64/78 end above, never
     # supervised); the job itself runs, and is restarted, under supervisord.
-    policy = Policy(max_restarts=values.max_restarts, backoff_s=values.restart_backoff)
+    policy = Policy(max_restarts=values.max_restarts, backoff_s=values.restart_backoff, progress_window=values.progress_window)
     argv = [sys.executable, "-m", "trainpod.job"]
     return run_supervised(argv, {**os.environ, job.SPEC_VAR: spec.to_json()}, policy, topology.node_rank,
                           stop_wait=stop_wait_s(values.term_grace))
@@ -188,7 +225,17 @@ def cmd_examples(args: argparse.Namespace, command: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples}
+def cmd_job(args: argparse.Namespace, command: list[str]) -> int:
+    if args.job_example not in EXAMPLES:
+        raise UsageError(f"trainpod job {args.scheduler}: {args.job_example!r}: expected one of {', '.join(EXAMPLES)}")
+    renderer, values = jobs.build(args.scheduler, args.job_example, vars(args), os.environ, command)
+    if values.submit:
+        return renderer.submit()
+    sys.stdout.write(renderer.render())
+    return 0
+
+
+COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples, "job": cmd_job}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -200,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        if command and args.command not in ("run", "explain"):
+        if command and args.command not in ("run", "explain", "job"):
             raise UsageError(f"trainpod {args.command}: takes no command after --")
         return COMMANDS[args.command](args, command)
     except TrainpodError as error:

@@ -2,7 +2,7 @@
 
 Every failure a user can cause ends here: one line on stderr that names the flag, variable or
 file and what was expected, and an exit code from the BSD sysexits family, so that schedulers
-and supervisors can tell "retrying will not help" (64, 78) from "try again later" (69).
+and supervisors can tell "retrying will not help" (64, 73, 78) from "try again later" (69).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_USAGE = 64  # EX_USAGE: bad or conflicting command-line flags
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the master could not be reached within the preflight timeout
+EXIT_CANTCREAT = 73  # EX_CANTCREAT: a checkpoint cannot be written (no space, no permission): every retry fails alike
 EXIT_CONFIG = 78  # EX_CONFIG: the environment (cluster variables) is wrong or incomplete
 
 
@@ -18,9 +19,11 @@ class TrainpodError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, exit_code: int | None = None):
         super().__init__(message)
         self.message = message
+        if exit_code is not None:
+            self.exit_code = exit_code  # this one error's code, where the class's default does not fit
 
     def __str__(self) -> str:
         return self.message

@@ -19,11 +19,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
-from trainpod import devices, log
+from trainpod import devices, log, orphans
 from trainpod.errors import EXIT_USAGE, TrainpodError
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
-from trainpod.supervise import restarts_left
+from trainpod.restarts import Budget
+from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, REJOIN_TIMEOUT
+from trainpod.supervise import BUDGET_DIR, supervisor_pid
 from trainpod.topology import Topology
 
 SPEC_VAR = "TRAINPOD_JOB_SPEC"
@@ -38,6 +40,9 @@ class JobSpec:
     connect_timeout: float
     term_grace: float
     max_restarts: int
+    progress_window: float = PROGRESS_WINDOW.default
+    rejoin_timeout: float = REJOIN_TIMEOUT.default
+    hang_timeout: float = HANG_TIMEOUT.default
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -47,13 +52,15 @@ class JobSpec:
     @staticmethod
     def from_json(text: str) -> JobSpec:
         data = json.loads(text)
-        target = data["target"]
         return JobSpec(
             topology=Topology.from_dict(data["topology"]),
-            target=Target(module=target["module"], command=tuple(target["command"]), args=tuple(target["args"])),
+            target=Target.from_dict(data["target"]),
             connect_timeout=data["connect_timeout"],
             term_grace=data["term_grace"],
             max_restarts=data["max_restarts"],
+            progress_window=data.get("progress_window", PROGRESS_WINDOW.default),
+            rejoin_timeout=data.get("rejoin_timeout", REJOIN_TIMEOUT.default),
+            hang_timeout=data.get("hang_timeout", HANG_TIMEOUT.default),
         )
 
 
@@ -67,16 +74,24 @@ def gloo_fallback_note(topology: Topology, cuda: str | None) -> str | None:
 
 
 def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
-    """Preflight, then exec the agent (torchrun): this process becomes it."""
+    """Preflight, then exec the agent (torchrun): this process becomes it. (The topology's warnings
+    were printed once, by the outer run.)"""
     say = log.writer(spec.topology.node_rank)
-    for warning in spec.topology.warnings:
-        say(f"warning: {warning}")
-    topology = run_preflight(spec.topology, env, connect_timeout=spec.connect_timeout, log=say)
+    try:
+        topology = run_preflight(spec.topology, env, connect_timeout=spec.connect_timeout, log=say, target=spec.target)
+    except TrainpodError as error:
+        # Said once, by the job; recorded as the job's end where retrying cannot help (64, 78).
+        if error.exit_code != 69 and env.get(BUDGET_DIR):
+            Budget(spec.max_restarts, spec.progress_window, env[BUDGET_DIR]).end(error.exit_code, "")
+        raise
     note = gloo_fallback_note(topology, devices.torch_cuda_version())
     if note:
         say(note)
-    plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=restarts_left(spec.max_restarts),
-                      term_grace=spec.term_grace, join_timeout=spec.connect_timeout)
+    # The whole budget: the agent reads what is spent (trainpod.restarts) and decides each restart.
+    plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=spec.max_restarts,
+                      term_grace=spec.term_grace, join_timeout=spec.connect_timeout,
+                      progress_window=spec.progress_window, rejoin_timeout=spec.rejoin_timeout,
+                      hang_timeout=spec.hang_timeout)
     say(
         f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
         f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"
@@ -86,6 +101,8 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
 
 
 def main() -> int:
+    # supervisord's child, and (the setting survives exec) so is the agent: they die with supervisord.
+    orphans.die_with_parent(orphans.PARENT_SIGNAL, supervisor_pid())
     text = os.environ.pop(SPEC_VAR, None)  # popped: the agent and the ranks need none of it
     if not text:
         print(f"trainpod.job: error: {SPEC_VAR} is not set: this module is started by `trainpod run`", file=sys.stderr)

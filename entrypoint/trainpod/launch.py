@@ -9,10 +9,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainpod import log
+from trainpod import hang, log
 from trainpod.errors import UsageError
 from trainpod.examples import EXAMPLES
-from trainpod.settings import TERM_GRACE
+from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE
 from trainpod.topology import Topology
 
 RDZV_ID = "trainpod"  # the store is this job's own (node 0's agent, master port): no clash to avoid
@@ -26,13 +26,22 @@ class Target:
     module: str | None = None
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # what the ranks import besides torch: preflight imports it first
+    shm_mib: int | None = None  # the /dev/shm it needs (DataLoader workers); 0: none; None: unknown (a command)
 
     @staticmethod
-    def for_example(name: str, extra_args: Sequence[str] = ()) -> Target:
+    def for_example(name: str, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Target:
         if name not in EXAMPLES:
             raise UsageError(f"--example={name!r}: expected one of {', '.join(EXAMPLES)}")
         example = EXAMPLES[name]
-        return Target(module=example.module, args=example.args + tuple(extra_args))
+        args = example.args + tuple(extra_args)
+        shm = example.shm_mib if example.uses_loader_workers(args, os.environ if env is None else env) else 0
+        return Target(module=example.module, args=args, needs=example.needs, shm_mib=shm)
+
+    @staticmethod
+    def from_dict(data: Mapping) -> Target:
+        return Target(module=data["module"], command=tuple(data["command"]), args=tuple(data["args"]),
+                      needs=tuple(data.get("needs", ())), shm_mib=data.get("shm_mib"))
 
     def torchrun_args(self) -> list[str]:
         if self.module:
@@ -80,10 +89,15 @@ def build_plan(
     max_restarts: int = 0,
     term_grace: float = TERM_GRACE.default,
     join_timeout: float = 300.0,
+    progress_window: float = PROGRESS_WINDOW.default,
+    rejoin_timeout: float = REJOIN_TIMEOUT.default,
+    hang_timeout: float = HANG_TIMEOUT.default,
 ) -> LaunchPlan:
-    """`max_restarts`: worker-group restarts torchrun may do; `term_grace`: seconds the ranks get
-    after SIGTERM to finish the step and checkpoint; `join_timeout`: how long the rendezvous
-    waits for every node (a restarted node included)."""
+    """`max_restarts`: the restart budget (restarts without progress: trainpod.restarts, which the
+    agent applies); `term_grace`: seconds the ranks get after SIGTERM to finish the step and
+    checkpoint; `join_timeout`: how long the rendezvous waits for every node (a restarted node
+    included); `progress_window`, `rejoin_timeout`: for the agent (trainpod.agent_policy);
+    `hang_timeout`: for the agent's hang watch (trainpod.hang; 0: off)."""
     # c10d, not static: after a failure every agent re-joins a new rendezvous round, so a
     # restarted worker group (or a restarted node) meets the others in a fresh store namespace.
     # Node 0 hosts the store on the master port; the flag says so, as the hostname heuristic
@@ -109,10 +123,13 @@ def build_plan(
         "TRAINPOD_NNODES": str(topology.nnodes),
         "TRAINPOD_BACKEND": topology.backend,
         TERM_GRACE.var: f"{term_grace:g}",  # read by trainpod.preemption in the ranks
+        PROGRESS_WINDOW.var: f"{progress_window:g}",  # read by the agent's restart budget
+        REJOIN_TIMEOUT.var: f"{rejoin_timeout:g}",  # read by the agent: how long a lost master may take
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": log.rank_tag_template(topology.node_rank),
         "NO_PROXY": _no_proxy(env, topology.master_addr),
     }
     added["no_proxy"] = added["NO_PROXY"]
+    added.update(hang.plan_env(env, hang_timeout))  # the hang watch: progress files, flight recorder
     # The workers' store must be new for every restarted worker group. torch's default shares the
     # agent's rendezvous store across restarts, and restarted ranks then read the dead ranks'
     # addresses (pytorch/pytorch#135712): "Connection refused" or a hang in init_process_group.

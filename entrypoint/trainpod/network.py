@@ -52,6 +52,39 @@ def interfaces() -> dict[str, list[str]]:
     }
 
 
+def check_ifname(value: str, origin: str, backend: str) -> None:
+    """`value` names an interface here, in the syntax of the backend that reads it; else one line
+    naming `origin` (64 for a flag, 78 for a variable).
+
+    gloo (GLOO_SOCKET_IFNAME, --interface): exact names, comma-separated, each must exist.
+    NCCL (NCCL_SOCKET_IFNAME): prefixes, comma-separated ("eth,ib" takes eth0 and ib1); "=" before
+    the list makes the names exact, "^" excludes them instead ("^docker,lo", "^=docker0"); at
+    least one interface here must be left for NCCL to use.
+    """
+    from trainpod.errors import error_for
+
+    have = sorted(interfaces())
+    text = value.strip()
+    if backend == "nccl":
+        exclude = text.startswith("^")
+        rest = text[1:] if exclude else text
+        exact = rest.startswith("=")
+        entries = [e.strip() for e in (rest[1:] if exact else rest).split(",") if e.strip()]
+
+        def matches(name: str) -> bool:
+            return any(name == e if exact else name.startswith(e) for e in entries)
+
+        usable = [name for name in have if matches(name) != exclude]
+        if entries and usable:
+            return
+        how = "excludes every interface" if exclude else "matches no interface"
+        syntax = "exact names" if exact else "name prefixes"
+        raise error_for(origin)(f"{origin}={value!r}: NCCL reads it as {syntax}, and it {how} here (have: {', '.join(have)})")
+    missing = [name.strip() for name in text.split(",") if name.strip() not in have]
+    if missing or not text:
+        raise error_for(origin)(f"{origin}={value!r}: no such interface here (have: {', '.join(have)})")
+
+
 def route_interface(destination: str) -> str | None:
     """The interface the kernel would send packets to `destination` through."""
     from pyroute2 import IPRoute  # netlink; imported late, it is only needed here

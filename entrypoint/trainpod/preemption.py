@@ -13,6 +13,11 @@ too), checkpoint that step and exit 143 (128 + SIGTERM, what the agent reports f
                 trainpod.distributed.shutdown()
                 return EXIT_CODE
 
+The same vote stops every rank for a reason of one rank's own: `should_stop(error=73)` (the
+bundled examples pass a checkpoint save that cannot succeed, trainpod.checkpoint's `fatal`); every
+rank then stops after the same step and `preemption.error` says with which code, so no rank is
+left blocked in a collective with a peer that exited.
+
 The grace is TRAINPOD_TERM_GRACE seconds (default 25; `trainpod run --term-grace` sets it and a
 matching torchrun --shutdown-timeout). A rank that has not finished stopping by then prints one
 line and exits 143 at once: the checkpoint being written is lost, the previous one stays. (Python
@@ -66,6 +71,7 @@ class Preemption:
             raise ValueError(f"grace must be a number of seconds above 0, got {grace!r}")
         self.grace = term_grace(env) if grace is None else float(grace)
         self.requested_at: float | None = None  # time.monotonic() of this process's first SIGTERM
+        self.error = 0  # the exit code a rank asked every rank to stop with (should_stop(error=...)); 0: none
         self._device = device
         self._pid = os.getpid()
         self._stopping = False
@@ -91,11 +97,14 @@ class Preemption:
         self.requested_at = time.monotonic()
         self._triggered.set()
 
-    def should_stop(self) -> bool:
-        """Whether any rank got SIGTERM: an all_reduce(MAX), so every rank calls it at the same point."""
+    def should_stop(self, error: int = 0) -> bool:
+        """Whether any rank got SIGTERM, or asked to stop with an `error` exit code (this rank's: a
+        checkpoint that cannot be saved). An all_reduce(MAX), so every rank calls it at the same point;
+        afterwards `error` holds the highest code any rank asked for (0: a SIGTERM stop)."""
         if self._stopping:
             return True  # agreed before: every rank knows, no collective needed
         stop = self.requested
+        errors = int(error)
         # Not imported at the top: a process that never imported torch.distributed has no process
         # group to agree with, and this module then loads (and its tests run) without torch.
         dist = sys.modules.get("torch.distributed")
@@ -105,9 +114,15 @@ class Preemption:
             device = self._device
             if device is None:
                 device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-            flag = torch.tensor([int(stop)], dtype=torch.int32, device=device)
+            flag = torch.tensor([int(stop), errors], dtype=torch.int32, device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop = bool(flag.item())
+            agreed = flag.tolist()  # one device-to-host copy
+            stop, errors = bool(agreed[0]), int(agreed[1])
+        if errors:
+            # Not a pre-emption: nothing to save, no grace to watch; the caller exits with the code.
+            self.error = errors
+            self._stopping = True
+            return True
         if stop and not self.requested:
             # A peer was told to stop; this rank's agent may not know, but the same bound holds here.
             self._why = "stops with the others: another rank received SIGTERM"

@@ -7,20 +7,27 @@ and every wait is bounded by the connect timeout.
 from __future__ import annotations
 
 import errno
+import importlib
 import importlib.util
 import os
+import shutil
 import socket
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from trainpod import network
-from trainpod.errors import ConfigError, UnreachableError
+from trainpod.errors import ConfigError, UnreachableError, UsageError
 from trainpod.topology import Topology
+
+if TYPE_CHECKING:
+    from trainpod.launch import Target
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 MIN_SHM_BYTES = 512 * 1024 * 1024
+PIP_NAMES = {"PIL": "Pillow"}  # import name -> what to pip install
 RETRY_INTERVAL_S = 1.0
 
 Log = Callable[[str], None]
@@ -57,6 +64,47 @@ def check_cuda_driver(topology: Topology, env: Mapping[str, str], *, cuda: str |
         )
 
 
+def check_imports(needs: Sequence[str], what: str) -> None:
+    """Import what the ranks will import (torch is only looked up: the agent imports it next, and it
+    takes seconds); a missing or broken package is one line naming it, 78, before any rank starts."""
+    for name in needs:
+        package = PIP_NAMES.get(name, name)
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] != name.split(".")[0]:
+                raise ConfigError(f"{name} does not import in {sys.executable}: it needs {exc.name}, which is not installed "
+                                  f"({what} needs {name})") from None
+            raise ConfigError(f"{name} is not installed in {sys.executable}: {what} needs it; pip install {package}") from None
+        except Exception as exc:  # a broken install: an ImportError from inside, a failing native library
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ConfigError(f"{name} does not import in {sys.executable} ({type(exc).__name__}: {first}): {what} needs it; "
+                              f"reinstall {package}") from None
+
+
+def check_command(command: Sequence[str], env: Mapping[str, str]) -> None:
+    """The user's command exists and is executable here (as torchrun's --no-python will run it), and a
+    Python script it names exists: a usage error (64) now, not the same failure on every rank."""
+    program = command[0]
+    if "/" in program:
+        if os.path.isdir(program):
+            raise UsageError(f"-- {program}: is a directory, not a program to run")
+        if not os.path.exists(program):
+            raise UsageError(f"-- {program}: no such file")
+        if not os.access(program, os.X_OK):
+            raise UsageError(f"-- {program}: not executable (chmod +x it, or run it with its interpreter)")
+        path = program
+    else:
+        path = shutil.which(program, path=env.get("PATH", os.defpath))
+        if path is None:
+            raise UsageError(f"-- {program}: command not found (searched PATH)")
+    name = os.path.basename(path)
+    if name.startswith("python") and len(command) > 1:
+        script = command[1]
+        if not script.startswith("-") and script.endswith(".py") and not os.path.isfile(script):
+            raise UsageError(f"-- {program} {script}: no such file ({os.getcwd()})")
+
+
 def resolve_master(topology: Topology, timeout: float) -> str:
     """The master's IP. Waits for DNS: on Kubernetes a peer's name appears only once it starts."""
     deadline = time.monotonic() + timeout
@@ -87,16 +135,18 @@ def check_hostname(log: Log) -> None:
         )
 
 
-def check_shm(log: Log, path: str = "/dev/shm", minimum: int = MIN_SHM_BYTES) -> None:
+def check_shm(log: Log, path: str = "/dev/shm", minimum: int = MIN_SHM_BYTES,
+              why: str = "DataLoader workers pass batches through it") -> None:
     try:
         stats = os.statvfs(path)
     except OSError:
         return
     size = stats.f_frsize * stats.f_blocks
     if size < minimum:
+        gib = max(1, -(-minimum // 2**30))
         log(
-            f"warning: {path} is {size // 2**20} MiB; DataLoader workers need more: run the container "
-            "with --shm-size=2g (docker), shm_size: 2gb (compose) or --ipc=host"
+            f"warning: {path} is {size // 2**20} MiB; this job needs about {minimum // 2**20} MiB ({why}): run the "
+            f"container with --shm-size={gib}g (docker), shm_size: {gib}gb (compose) or --ipc=host"
         )
 
 
@@ -148,20 +198,32 @@ def wait_for_master(topology: Topology, master_ip: str, timeout: float, env: Map
 
 
 def check_interface(topology: Topology) -> None:
-    # NCCL_SOCKET_IFNAME takes prefixes and ^exclusions, so only exact names are checked.
+    """The interface the backend will use exists here, in that backend's syntax (network.check_ifname)."""
     origin = topology.origins.get("interface", "auto")
-    if origin == "NCCL_SOCKET_IFNAME":
-        return
-    have = network.interfaces()
-    for name in (topology.interface or "").split(","):
-        if name.strip() not in have:
-            raise ConfigError(f"{origin}={topology.interface!r}: no such interface here (have: {', '.join(sorted(have))})")
+    if topology.interface:
+        network.check_ifname(topology.interface, origin, "nccl" if origin == "NCCL_SOCKET_IFNAME" else "gloo")
 
 
-def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout: float, log: Log) -> Topology:
+def shm_needed(topology: Topology, target: Target | None) -> int:
+    """The /dev/shm (bytes) this job needs: DataLoader workers pass batches through it, NCCL's transport
+    between the ranks of a node too. 0 where it cannot matter (a bundled example without workers)."""
+    needed = 0
+    if target is None or target.shm_mib is None:
+        needed = MIN_SHM_BYTES  # a command: it may start DataLoader workers, trainpod cannot know
+    elif target.shm_mib:
+        needed = target.shm_mib * 2**20
+    if topology.backend == "nccl" and topology.nproc_per_node > 1:
+        needed = max(needed, MIN_SHM_BYTES)
+    return needed
+
+
+def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout: float, log: Log,
+                  target: Target | None = None) -> Topology:
     """Run the checks; returns the topology with the interface settled once the master resolved."""
     check_torch()
     check_cuda_driver(topology, env)
+    if target is not None and target.needs:
+        check_imports(target.needs, f"the example {target.module}" if target.module else "the job")
     master_ip = resolve_master(topology, connect_timeout)
     if topology.interface is None:
         name, why = network.interface_for(master_ip)
@@ -174,8 +236,14 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
         # publish the host name, which peers often cannot resolve (or resolve to loopback).
         topology = replace(topology, local_addr=network.source_address_for(master_ip))
     if topology.nnodes > 1:
-        check_hostname(log)
-    check_shm(log)
+        check_hostname(log)  # only peers on other hosts look this one up by name
+    shm = shm_needed(topology, target)
+    if shm:
+        nccl = topology.backend == "nccl" and topology.nproc_per_node > 1
+        workers = target is None or target.shm_mib != 0
+        why = " and ".join(w for w, used in (("DataLoader workers pass batches through it", workers),
+                                             ("NCCL's transport between this node's ranks", nccl)) if used)
+        check_shm(log, minimum=shm, why=why)
     if topology.is_master:
         check_port_free(topology)
     elif topology.nnodes > 1:

@@ -13,11 +13,21 @@ How: torchrun's launch plan sets TRAINPOD_PROGRESS_DIR; each rank overwrites one
 line in `<dir>/rank<LOCAL_RANK>` (one pwrite, no fsync: only processes on this node read it, and
 a lost update after a crash of the host does not matter). Without the variable (a script run
 outside trainpod) every call is a no-op.
+
+A rank that reports also helps the agent read its stack when the agent hangs on it
+(trainpod.hang): where Yama restricts ptrace to ancestors it names the agent as its tracer
+(prctl PR_SET_PTRACER), and a daemon thread answers dump requests on `<dir>/rank<LOCAL_RANK>.dump`
+(a FIFO) with faulthandler's dump of every thread and torch's flight recorder, no ptrace needed
+(trainpod.stacks). The thread sleeps in open() until a request comes.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import json
 import os
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +35,9 @@ from pathlib import Path
 __all__ = ["DIR_VAR", "Record", "committed", "read", "step"]
 
 DIR_VAR = "TRAINPOD_PROGRESS_DIR"
+AGENT_PID_VAR = "TRAINPOD_AGENT_PID"  # set by the agent: the process that reads the ranks' stacks
+PR_SET_PTRACER = 0x59616D61
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 _FORMAT = "{step:20d} {committed:20d} {time:20.3f}\n"  # fixed width: an overwrite never leaves a tail
 _RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0))
 
@@ -56,10 +69,75 @@ class _Reporter:
         directory = os.environ.get(DIR_VAR)
         if not directory:
             return
+        local_rank = os.environ.get("LOCAL_RANK", "0")
         try:
-            self._fd = os.open(Path(directory) / f"rank{os.environ.get('LOCAL_RANK', '0')}", os.O_WRONLY | os.O_CREAT, 0o644)
+            self._fd = os.open(Path(directory) / f"rank{local_rank}", os.O_WRONLY | os.O_CREAT, 0o644)
         except OSError:
             self._fd = None  # progress is advisory: training must not fail for it
+            return
+        allow_agent_to_trace()
+        fifo = Path(directory) / f"rank{local_rank}.dump"
+        threading.Thread(target=_serve_dumps, args=(fifo,), name="trainpod-progress-dumps", daemon=True).start()
+
+
+def allow_agent_to_trace(scope_file: str = YAMA_SCOPE) -> bool:
+    """Where Yama allows ptrace only of descendants (ptrace_scope 1), name the agent as this
+    process's tracer, so that its py-spy (the agent's child) may read this rank's stack."""
+    agent = os.environ.get(AGENT_PID_VAR, "")
+    try:
+        with open(scope_file) as f:
+            scope = f.read().strip()
+    except OSError:
+        return False  # no Yama: the same uid is enough
+    if scope != "1" or not agent.isdigit():
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, int(agent), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _serve_dumps(fifo: Path) -> None:
+    """Answer the agent's dump requests (trainpod.stacks.request) until the process ends."""
+    try:
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo, 0o600)
+    except OSError:
+        return
+    while True:
+        try:
+            with open(fifo, "rb") as f:  # blocks, without the GIL, until the agent opens it
+                text = f.read()
+        except OSError:
+            return
+        try:
+            dump(json.loads(text or b"{}"))
+        except Exception as exc:  # a dump must never take the rank down
+            print(f"trainpod: rank {os.environ.get('RANK', '?')}: dump request failed: {exc}", file=sys.stderr, flush=True)
+
+
+def dump(what: dict) -> None:
+    """Write what the request asks for: `stack` (faulthandler, every thread, with a first line naming
+    the main thread) and `flight_recorder` (torch's, as its fr_trace analyser reads it)."""
+    if what.get("stack"):
+        path = Path(what["stack"])
+        with open(path.with_suffix(".tmp"), "w") as f:
+            f.write(f"main thread 0x{threading.main_thread().ident:016x}\n")
+            f.flush()
+            faulthandler.dump_traceback(f, all_threads=True)
+        os.replace(path.with_suffix(".tmp"), path)
+    buffer = os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")).strip()
+    if what.get("flight_recorder") and "torch.distributed" in sys.modules and buffer != "0":
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        path = Path(what["flight_recorder"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Without the collectives' stack traces: symbolising them imports torch._dynamo (seconds);
+        # the agent reads the stacks itself.
+        path.with_suffix(".tmp").write_bytes(_dump_fr_trace(includeStackTraces=False))
+        os.replace(path.with_suffix(".tmp"), path)
 
 
 _reporter = _Reporter()

@@ -50,16 +50,25 @@ def _backend(given: settings.Values, gpus: int) -> tuple[str, str]:
     return value, origin
 
 
-def _interface(flag: str | None, env: Mapping[str, str], master_addr: str, resolve_names: bool) -> tuple[str | None, str, str]:
-    """(interface, why, origin)."""
+IFNAME_VARS = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+def _interface(flag: str | None, env: Mapping[str, str], master_addr: str, resolve_names: bool,
+               backend: str) -> tuple[str | None, str, str, list[str]]:
+    """(interface, why, origin, warnings). The backend's own variable counts, checked in its syntax;
+    the other backend's is neither used nor copied (NCCL's prefixes are no gloo interface names)."""
     if flag:
-        if flag not in network.interfaces():
-            have = ", ".join(sorted(network.interfaces()))
-            raise UsageError(f"--interface={flag!r}: no such interface here (have: {have})")
-        return flag, "given", "--interface"
-    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if env.get(var, "").strip():
-            return env[var].strip(), "set in the environment", var
+        network.check_ifname(flag, "--interface", "gloo")  # one exact name: valid for both
+        return flag, "given", "--interface", []
+    var = IFNAME_VARS[backend]
+    other = next(v for v in IFNAME_VARS.values() if v != var)
+    if env.get(var, "").strip():
+        network.check_ifname(env[var], var, backend)
+        return env[var].strip(), "set in the environment", var, []
+    warnings = []
+    if env.get(other, "").strip():
+        warnings.append(f"{other}={env[other].strip()!r} is ignored: the backend is {backend}, which reads {var}; "
+                        f"trainpod picks {var} itself and leaves {other} as it is")
     if network.is_ip_literal(master_addr):
         master_ip = master_addr
     else:
@@ -68,11 +77,11 @@ def _interface(flag: str | None, env: Mapping[str, str], master_addr: str, resol
             try:
                 master_ip = network.resolve(master_addr)
             except OSError:
-                return None, f"the master name {master_addr!r} does not resolve yet", "auto"
+                return None, f"the master name {master_addr!r} does not resolve yet", "auto", warnings
         if master_ip is None:
-            return None, f"decided at run time (the master {master_addr!r} is a DNS name)", "auto"
+            return None, f"decided at run time (the master {master_addr!r} is a DNS name)", "auto", warnings
     name, why = network.interface_for(master_ip)
-    return name, why, "auto"
+    return name, why, "auto", warnings
 
 
 def resolve_topology(
@@ -83,6 +92,11 @@ def resolve_topology(
     given = settings.resolve((environments.SOURCE, *settings.TOPOLOGY), options, env)
     cls = environments.select(env, given.source)
     found = cls(env, options).discover()
+    warnings = list(found.warnings)
+    ignored = environments.ignored_sources(env, cls)
+    if ignored:
+        chosen = f"--source {cls.name}" if given.source else f"{cls.name} (the first source that detects)"
+        warnings.append(f"several cluster sources are set: using {chosen}; ignoring {'; '.join(ignored)}")
 
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -108,7 +122,9 @@ def resolve_topology(
     gpus = devices.visible_gpu_count(env)
     nproc, origins["nproc_per_node"] = _nproc_per_node(given, found, gpus, nproc_per_node)
     backend, origins["backend"] = _backend(given, gpus)
-    interface, reason, origins["interface"] = _interface(given.interface, env, master_addr, resolve_names)
+    interface, reason, origins["interface"], interface_warnings = _interface(given.interface, env, master_addr, resolve_names,
+                                                                             backend)
+    warnings += interface_warnings
 
     return Topology(
         source=cls.name,
@@ -121,5 +137,5 @@ def resolve_topology(
         interface=interface,
         interface_reason=reason,
         origins=origins,
-        warnings=tuple(found.warnings),
+        warnings=tuple(warnings),
     )

@@ -50,19 +50,27 @@ samples dropped with drop_last), and the new state's offset records where that s
 So no sample of the epoch is skipped and at most num_replicas - 1 are repeated as padding, as
 within any epoch; with drop_last the dropped tail may differ from the one the old world would
 have dropped. This assumes what a lockstep DDP loop guarantees: every old rank consumed `index`.
+
+Elastic jobs, whose world size changes at each membership change, use ElasticSampler instead: the
+same order and shards, but the padding is never trained (each rank learns from plan() how much
+of a batch is real), so no sample is repeated or dropped however often the world changes, and its
+state is the number of the epoch's samples the whole world consumed. Ledger records which samples
+the committed steps trained on and checks that each epoch was trained exactly once. Both classes'
+docstrings say how to use them, how uneven last batches meet DDP, and the batch and LR rule.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sized
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler, Sampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-__all__ = ["ResumableDistributedSampler"]
+__all__ = ["BATCH_LR_RULE", "BatchPlan", "ElasticSampler", "EpochIndices", "Ledger", "LedgerReport",
+           "ResumableDistributedSampler", "WithIds", "epoch_order", "scaled_lr"]
 
 
 def _default_world() -> tuple[int, int]:
@@ -88,6 +96,15 @@ def _shard(order: list[int], world: int, rank: int, drop_last: bool) -> list[int
         padding = total - len(order)
         order = order + (order * math.ceil(padding / len(order)))[:padding]
     return order[rank:total:world]
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """The epoch's order of sample ids: torch.randperm seeded with seed + epoch, as torch's DistributedSampler."""
+    if not shuffle:
+        return list(range(num_samples))
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(num_samples, generator=g).tolist()
 
 
 def _int_field(state: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -127,12 +144,7 @@ class ResumableDistributedSampler(DistributedSampler):
         self._started = False  # a pass over this epoch has begun
 
     def _order(self) -> list[int]:
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if not self.shuffle:
-            return list(range(n))
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        return torch.randperm(n, generator=g).tolist()
+        return epoch_order(len(self.dataset), self.seed, self.epoch, self.shuffle)  # type: ignore[arg-type]
 
     def _remaining_order_length(self) -> int:
         return len(self.dataset) - self._offset  # type: ignore[arg-type]
@@ -232,3 +244,276 @@ class EpochIndices(Sampler):
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+
+# --- elastic jobs ----------------------------------------------------------------------------------
+
+BATCH_LR_RULE = (
+    "fixed per-process batch (global batch = batch_size x world, the epoch's last step shorter); "
+    "each step's loss is the mean over the samples the world trains on in it; "
+    "lr = base_lr x world / reference_world (linear scaling), scheduled by samples seen, not by steps"
+)
+
+
+def scaled_lr(base_lr: float, world_size: int, reference_world_size: int) -> float:
+    """The linear scaling rule of BATCH_LR_RULE: base_lr is the LR tuned for reference_world_size processes."""
+    if world_size < 1 or reference_world_size < 1:
+        raise ValueError(f"world sizes must be at least 1, got {world_size} and {reference_world_size}")
+    return base_lr * world_size / reference_world_size
+
+
+class BatchPlan(NamedTuple):
+    """What to do with one batch from an ElasticSampler's loader (ElasticSampler.plan)."""
+
+    size: int  # the batch as the loader delivered it: what advance() takes
+    real: int  # train on its first `real` samples only (maybe 0); the rest is padding
+    world_real: int  # samples the whole world trains on in this step
+    loss_scale: float  # num_replicas / world_real: scales the SUM of this rank's per-sample losses
+
+
+class ElasticSampler(ResumableDistributedSampler):
+    """A sampler for elastic jobs: every sample of every epoch trained on exactly once, whatever the world did.
+
+        sampler = ElasticSampler(dataset, seed=0)            # world and rank from the process group
+        loader = DataLoader(WithIds(dataset), batch_size=B, sampler=sampler)
+        sampler.load_state_dict(state["sampler"])             # on resume, whatever the old world size was
+        sampler.set_epoch(epoch)
+        for ids, x, y in loader:
+            plan = sampler.plan(len(ids))
+            ids, x, y = ids[:plan.real], x[:plan.real], y[:plan.real]        # may be empty
+            loss = loss_fn(model(x), y, reduction="sum") * plan.loss_scale   # DDP averages it over ranks
+            loss.backward(); optimizer.step(); optimizer.zero_grad()
+            sampler.advance(plan.size)                        # the batch as delivered, padding included
+            ledger.record(epoch, ids)                         # Ledger, below
+
+    Order and sharding are ResumableDistributedSampler's (same permutation per (seed, epoch), rank r
+    takes every num_replicas-th sample of what is left of the epoch, drop_last is always False),
+    and so is its padding: every rank's shard is as long as rank 0's, so every rank's loader yields
+    the same number of equally long batches and DDP's ranks stay in lockstep. The difference is that
+    the padding (fewer than num_replicas samples per epoch, at the shards' ends) is never trained:
+    plan() says how many samples at the head of a batch are real, and the loop cuts the rest off.
+    In the epoch's last step a rank may thus train on a short batch, or on none at all.
+
+    DDP and uneven batches. Every rank runs every step, an empty batch included: the forward and
+    backward of zero samples give zero gradients (torch's layers, BatchNorm included, take a batch
+    of 0; BatchNorm's running statistics stay as they were), and DDP's all-reduce happens on every
+    rank as always, as do the loop's other collectives (logging, checkpoints). The loss of each rank
+    is the sum of its per-sample losses times num_replicas / world_real, so DDP's average over the
+    ranks is the mean loss over exactly the samples the world trained on in that step: a short last
+    step weighs each of its samples as much as a full step does, and a padded sample weighs nothing.
+    Chosen over DDP's join() (which shadows only DDP's own all-reduce, so a rank that ran out would
+    hang in the loop's other collectives, and which averages over the full world, weighting the
+    samples of a short step less) and over carrying the remainder into the next epoch (an epoch
+    would never be complete by itself, and the last one never at all).
+
+    State. state_dict() is {"epoch", "consumed"}: how many samples of the epoch's order the whole
+    world has trained on (the first `consumed`; a lockstep loop keeps it a prefix). It holds no
+    rank and no world size: load_state_dict() on any world shards the rest of the epoch over that
+    world, and sharding the rest is what the same world would have done anyway, so a resume is the
+    uninterrupted run's continuation when the world did not change. It also loads a
+    ResumableDistributedSampler's state (same or other world size).
+
+    Batch and LR across world-size changes (BATCH_LR_RULE): the per-process batch stays fixed, so
+    the global batch is batch_size x world and changes with the world; with the loss a mean over
+    the step's samples, the linear scaling rule keeps the per-sample step size: lr = base_lr x world
+    / reference_world (scaled_lr), base_lr being the LR tuned for reference_world processes. Steps
+    per epoch change with the world, so an LR schedule should run on samples seen (epoch + consumed
+    / len(dataset)), not on a step count fixed at the start.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
+                 seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+
+    @property
+    def consumed(self) -> int:
+        """Samples of the epoch's order the whole world has trained on (every rank advanced alike)."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        return min(n, self._offset + self._index * self.num_replicas)
+
+    def plan(self, size: int) -> BatchPlan:
+        """How to train on the next batch of `size` (as delivered) of this rank: see BatchPlan."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"plan() takes a non-negative int, got {size!r}")
+        if self._index + size > self._shard_length():
+            raise ValueError(f"plan({size}) goes past the {self._shard_length()} samples this rank has in epoch "
+                             f"{self.epoch} (already at {self._index}): pass the batch as the loader delivered it")
+        remaining = len(self.dataset) - self._offset  # type: ignore[arg-type]
+        world = self.num_replicas
+        mine = (remaining - self.rank + world - 1) // world if remaining > self.rank else 0  # real samples in my shard
+        real = max(0, min(size, mine - self._index))
+        world_real = max(0, min(size * world, remaining - self._index * world))
+        return BatchPlan(size, real, world_real, world / world_real if world_real else 0.0)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "consumed" not in state:  # a ResumableDistributedSampler's
+            super().load_state_dict(state)
+            return
+        epoch, consumed = _int_field(state, "epoch"), _int_field(state, "consumed")
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if consumed > n:
+            raise ValueError(f"sampler state {dict(state)} does not fit a dataset of {n} samples: was it saved for another dataset?")
+        # "The first `consumed` are done" on this world: a fresh sharding that starts there.
+        self._pending = {"epoch": epoch, "index": 0, "num_replicas": self.num_replicas, "offset": consumed}
+        self.set_epoch(epoch)
+
+
+class WithIds(Dataset):
+    """`dataset` whose items come with their index: (i, *item) for a tuple item, else (i, item).
+
+    An index of (epoch, i) (EpochIndices, for a data set with `wants_epoch`) gives id i.
+    """
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+        self.wants_epoch = getattr(dataset, "wants_epoch", False)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> tuple:
+        item = self.dataset[index]
+        sample_id = index[1] if isinstance(index, tuple) else index
+        return (sample_id, *item) if isinstance(item, tuple) else (sample_id, item)
+
+
+def _consumed(sampler_state: Mapping[str, Any], n: int) -> int:
+    if "consumed" in sampler_state:
+        return _int_field(sampler_state, "consumed")
+    old_world = _int_field(sampler_state, "num_replicas", 1)
+    return min(n, _int_field(sampler_state, "offset", 0) + _int_field(sampler_state, "index") * old_world)
+
+
+class LedgerReport(NamedTuple):
+    ok: bool  # every epoch the sampler state says is done (or begun) was trained exactly so
+    epochs: dict[int, dict[str, int]]  # per epoch: samples (expected), trained (distinct), repeated, missing, extra
+    complete: list[int]  # the epochs trained through to their end
+    problems: list[str]  # one line each, empty when ok
+
+
+class Ledger:
+    """Exactly-once ledger: which samples of each epoch the committed steps trained on.
+
+        ledger = Ledger(len(dataset), seed=0)              # every rank; load_state_dict() on resume
+        ledger.record(epoch, ids[:plan.real])              # every rank, every step: its real samples
+        # at a checkpoint, on every rank (a collective, like the RNG states):
+        pendings = [None] * world
+        dist.all_gather_object(pendings, ledger.take_pending())
+        ledger.commit(pendings)                            # every rank: all ledgers stay equal
+        save({..., "sampler": sampler.state_dict(), "ledger": ledger.state_dict()})
+        # after the run, from the last checkpoint:
+        report = Ledger.from_state(state["ledger"]).check(state["sampler"], first_epoch=0)
+
+    The ids are the dataset indices of what was actually trained on (the loader returns them with
+    each sample), not what the sampler meant to hand out, so the check proves something about the
+    data. record() keeps them as pending, per rank; commit() merges every rank's pending into the
+    committed record when a checkpoint is saved. Steps after the last checkpoint stay pending and
+    die with a failure: they are not in the committed model, and not in the ledger either.
+
+    Compact: ids are stored as positions in the epoch's order (epoch_order(n, seed, epoch)), where
+    what a lockstep world trains on is a prefix: each epoch is a list of [start, end) ranges,
+    [[0, n]] once complete, whatever the world sizes were. A position committed again is counted as
+    a repeat (the ranges cannot hold it twice). commit() costs O(len(dataset)) per epoch it touches.
+
+    check(sampler_state) proves, from the committed record alone: every epoch before the sampler's
+    has each of its samples exactly once, and the sampler's epoch has exactly its first `consumed`
+    positions, once each, i.e. the very samples the resumed sampler will not hand out again. With
+    the epoch's last step committed (consumed == len(dataset)) that epoch is complete too.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+            raise ValueError(f"Ledger needs the data set's size, got {num_samples!r}")
+        self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
+        self._ranges: dict[int, list[list[int]]] = {}  # committed: epoch -> sorted, disjoint [start, end)
+        self._repeats: dict[int, int] = {}  # committed trainings of a position the epoch already had
+        self._pending: dict[int, list[int]] = {}  # this rank's positions since the last take_pending()
+        self._inverse: tuple[int, torch.Tensor] | None = None  # (epoch, each sample id's position)
+
+    def _positions(self, epoch: int, sample_ids: Any) -> list[int]:
+        if self._inverse is None or self._inverse[0] != epoch:
+            order = torch.tensor(epoch_order(self.num_samples, self.seed, epoch, self.shuffle), dtype=torch.long)
+            inverse = torch.empty(self.num_samples, dtype=torch.long)
+            inverse[order] = torch.arange(self.num_samples)
+            self._inverse = (epoch, inverse)
+        ids = torch.as_tensor(sample_ids, dtype=torch.long).flatten()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_samples):
+            raise ValueError(f"Ledger.record: sample ids must be in [0, {self.num_samples}), got {ids.tolist()}")
+        return self._inverse[1][ids].tolist()
+
+    def record(self, epoch: int, sample_ids: Any) -> None:
+        """This rank trained on `sample_ids` (dataset indices; a list or tensor) in one step of `epoch`."""
+        self._pending.setdefault(int(epoch), []).extend(self._positions(int(epoch), sample_ids))
+
+    def take_pending(self) -> dict[int, list[int]]:
+        """What record() collected since the last call (epoch -> positions); cleared."""
+        pending, self._pending = self._pending, {}
+        return pending
+
+    def commit(self, pendings: Iterable[Mapping[int, Sequence[int]]]) -> None:
+        """Merge every rank's take_pending() into the committed record (at a checkpoint)."""
+        by_epoch: dict[int, list[int]] = {}
+        for pending in pendings:
+            for epoch, positions in pending.items():
+                by_epoch.setdefault(int(epoch), []).extend(positions)
+        n = self.num_samples
+        for epoch, positions in by_epoch.items():
+            if not positions:
+                continue
+            trained = torch.zeros(n, dtype=torch.bool)
+            for start, end in self._ranges.get(epoch, []):
+                trained[start:end] = True
+            counts = torch.bincount(torch.tensor(positions, dtype=torch.long), minlength=n)
+            repeats = int(counts[trained].sum()) + int((counts[~trained] - 1).clamp(min=0).sum())
+            if repeats:
+                self._repeats[epoch] = self._repeats.get(epoch, 0) + repeats
+            trained |= counts > 0
+            edges = torch.diff(torch.cat([torch.zeros(1, dtype=torch.int8), trained.to(torch.int8), torch.zeros(1, dtype=torch.int8)]))
+            starts, ends = (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()
+            self._ranges[epoch] = [[s, e] for s, e in zip(starts, ends)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The committed record (plain ints and lists: loads with torch.load(weights_only=True))."""
+        return {"num_samples": self.num_samples, "seed": self.seed, "shuffle": self.shuffle,
+                "epochs": {e: [list(r) for r in ranges] for e, ranges in sorted(self._ranges.items())},
+                "repeats": dict(sorted(self._repeats.items()))}  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved = (state.get("num_samples"), state.get("seed"), state.get("shuffle"))
+        if saved != (self.num_samples, self.seed, self.shuffle):
+            raise ValueError(f"ledger of (num_samples, seed, shuffle) = {saved} does not fit this one's "
+                             f"{(self.num_samples, self.seed, self.shuffle)}: another data set or seed")
+        self._ranges = {int(e): [[int(a), int(b)] for a, b in ranges] for e, ranges in state["epochs"].items()}
+        self._repeats = {int(e): int(c) for e, c in state.get("repeats", {}).items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Ledger:
+        ledger = cls(state["num_samples"], state["seed"], state["shuffle"])
+        ledger.load_state_dict(state)
+        return ledger
+
+    def check(self, sampler_state: Mapping[str, Any], first_epoch: int = 0) -> LedgerReport:
+        """Is the committed record exactly once? See the class docstring; `first_epoch` is the run's first."""
+        n = self.num_samples
+        last, consumed = _int_field(sampler_state, "epoch"), _consumed(sampler_state, n)
+        epochs: dict[int, dict[str, int]] = {}
+        problems, complete = [], []
+        for epoch in range(first_epoch, last + 1):
+            expected = n if epoch < last else consumed
+            ranges = self._ranges.get(epoch, [])
+            inside = sum(max(0, min(b, expected) - a) for a, b in ranges)
+            trained = sum(b - a for a, b in ranges)
+            row = {"samples": expected, "trained": trained, "repeated": self._repeats.get(epoch, 0),
+                   "missing": expected - inside, "extra": trained - inside}  # fmt: skip
+            epochs[epoch] = row
+            if row["repeated"] or row["missing"] or row["extra"]:
+                problems.append(f"epoch {epoch}: {row['missing']} of its first {expected} samples never trained, "
+                                f"{row['repeated']} trained again, {row['extra']} trained beyond them")
+            elif expected == n:
+                complete.append(epoch)
+        for epoch in sorted(set(self._ranges) - set(epochs)):
+            problems.append(f"epoch {epoch}: trained on, but outside the run's epochs {first_epoch}..{last}")
+        return LedgerReport(not problems, epochs, complete, problems)

@@ -329,8 +329,9 @@ TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND
 CONNECT_TIMEOUT = Setting("connect_timeout", "seconds to wait for the master (DNS and port) before exit 69",
                           Number(above=0), var="TRAINPOD_CONNECT_TIMEOUT", default=300.0)
 MAX_RESTARTS = Setting(
-    "max_restarts", "restarts after a failure, one budget for both layers: torchrun restarts the worker group at once "
-    "when a rank fails, supervisord restarts the agent with exponential backoff", Integer(0, 10000),
+    "max_restarts", "restarts without progress after a failure, one budget for both layers: torchrun restarts the "
+    "worker group at once when a rank fails, supervisord restarts the agent with exponential backoff; a newer "
+    "committed checkpoint gives the budget back, the same failure twice without progress ends the job", Integer(0, 10000),
     var="TRAINPOD_MAX_RESTARTS", default=3)
 RESTART_BACKOFF = Setting("restart_backoff", "seconds before the first restart of the agent, doubling each time",
                           Number(minimum=0), var="TRAINPOD_RESTART_BACKOFF", default=1.0)
@@ -338,7 +339,22 @@ TERM_GRACE = Setting(
     "term_grace", "seconds the ranks get after SIGTERM to finish the step and save a checkpoint before they are "
     "killed; give the container this plus 30 s to stop", Number(above=0), var="TRAINPOD_TERM_GRACE",
     default=25.0)  # under Kubernetes' default terminationGracePeriodSeconds of 30
+PROGRESS_WINDOW = Setting(
+    "progress_window", "a job that commits no checkpoints made progress when an attempt ran this long: the restart "
+    "budget is full again (a newer committed checkpoint always gives it back)", Number(above=0),
+    var="TRAINPOD_PROGRESS_WINDOW", default=600.0)
+REJOIN_TIMEOUT = Setting(
+    "rejoin_timeout", "seconds a node waits for a master that went away after the job started, then exits 69 "
+    "without restarting (before the start, --connect-timeout applies)", Number(above=0),
+    var="TRAINPOD_REJOIN_TIMEOUT", default=60.0)
 NO_SUPERVISE = Setting(
     "no_supervise", "exec torchrun directly, without supervisord: failed ranks are still restarted by torchrun "
     "(up to --max-restarts), a failed agent is not", Switch(), var="TRAINPOD_NO_SUPERVISE", default=False)
-SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, TERM_GRACE, NO_SUPERVISE)
+SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE, NO_SUPERVISE)
+
+HANG_TIMEOUT = Setting(
+    "hang_timeout", "seconds a rank may wait in a collective for a rank that is stopped, idle or gone before the "
+    "agent writes every rank's stack to TRAINPOD_OUTPUT_DIR/hangs, names the ranks behind and restarts the worker "
+    "group as a failure (124 when no restart is left); 0 turns the watch off", Number(minimum=0),
+    var="TRAINPOD_HANG_TIMEOUT", default=120.0)
+HANGS = (HANG_TIMEOUT,)

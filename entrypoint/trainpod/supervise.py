@@ -11,10 +11,14 @@ forwards signals to it, and exits with the code from that file.
     tini -> trainpod run (run_supervised) -> supervisord -> job: python -m trainpod.job
                                                           -> policy: python -m trainpod.supervise
 
-One budget of --max-restarts covers both layers. A failed rank is restarted inside the agent by
-torchrun (fast: the worker group re-forms without a new agent); the agent writes how many such
-restarts it made into the supervisor's directory, and each job start reads what is left of the
-budget from there. supervisord restarts the agent itself (master unreachable, a crashed agent).
+One budget of --max-restarts, restarts *without progress* (trainpod.restarts), covers both
+layers. A failed rank is restarted inside the agent by torchrun (fast: the worker group re-forms
+without a new agent); supervisord restarts the agent itself (master unreachable, a crashed agent).
+Both ask trainpod.restarts.Budget, kept in budget.json in the supervisor's directory; when the agent
+(or the job's preflight) decided that the job is over, the listener only records the code.
+
+Orphans: supervisord dies with this process (PR_SET_PDEATHSIG, SIGTERM: it then stops the job as
+on `docker stop`); the job, its agent and the listener die with supervisord (trainpod.orphans).
 """
 
 from __future__ import annotations
@@ -33,15 +37,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainpod import log
-from trainpod.errors import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
+from trainpod import log, orphans, restarts
+from trainpod.restarts import NEVER_RESTARTED  # noqa: F401 (where it used to live)
 
 PROGRAM = "job"
-NEVER_RESTARTED = (EXIT_OK, EXIT_USAGE, EXIT_CONFIG)  # done, or retrying cannot help
 KILLED_BY_SIGNAL = -1  # supervisord's exit status for a signal; it does not keep which one
-BUDGET_DIR = "TRAINPOD_SUPERVISOR_DIR"  # set for the job: where the restart budget is kept
-RESTARTS_USED = "restarts_used"  # written by the listener: restarts spent so far, both layers
-WORKER_RESTARTS = "worker_restarts"  # written by the agent: restarts torchrun made in that run
+BUDGET_DIR = "TRAINPOD_SUPERVISOR_DIR"  # set for the job: where the restart budget (budget.json) is kept
+PIDFILE = "supervisord.pid"
 OUTCOME = "outcome.json"  # written by the listener at the end: the code run_supervised exits with
 
 
@@ -51,34 +53,24 @@ def stop_wait_s(term_grace_s: float) -> int:
     return max(60, math.ceil(term_grace_s) + 30)
 
 
-def _read_int(path: Path) -> int:
+def supervisor_pid(env=os.environ) -> int | None:
+    """supervisord's pid, for the job's check that its parent is still alive (trainpod.orphans)."""
+    directory = env.get(BUDGET_DIR)
     try:
-        return int(path.read_text())
+        return int(Path(directory, PIDFILE).read_text()) if directory else None
     except (OSError, ValueError):
-        return 0
-
-
-def restarts_left(max_restarts: int) -> int:
-    """What the job may still restart: all of it, unless a supervisor has spent some already."""
-    directory = os.environ.get(BUDGET_DIR)
-    used = _read_int(Path(directory, RESTARTS_USED)) if directory else 0
-    return max(0, max_restarts - used)
-
-
-def record_worker_restarts(count: int) -> None:
-    directory = os.environ.get(BUDGET_DIR)
-    if directory:
-        Path(directory, WORKER_RESTARTS).write_text(str(count))
+        return None
 
 
 @dataclass(frozen=True)
 class Policy:
     max_restarts: int = 3
-    backoff_s: float = 1.0  # the first delay; it doubles with each restart
+    backoff_s: float = 1.0  # the first delay; it doubles with each restart without progress
     backoff_max_s: float = 60.0
+    progress_window: float = 600.0  # trainpod.restarts: a job without checkpoints made progress after this long
 
-    def restarts(self, code: int, restarts_done: int) -> bool:
-        return code not in NEVER_RESTARTED and restarts_done < self.max_restarts
+    def budget(self, directory: str | os.PathLike | None) -> restarts.Budget:
+        return restarts.Budget(self.max_restarts, self.progress_window, directory)
 
     def delay(self, restart: int) -> float:
         return min(self.backoff_max_s, self.backoff_s * 2 ** (restart - 1))
@@ -96,7 +88,7 @@ def render_config(job: Sequence[str], listener: Sequence[str], workdir: Path, st
 nodaemon=true
 silent=true
 logfile={workdir}/supervisord.log
-pidfile={workdir}/supervisord.pid
+pidfile={workdir}/{PIDFILE}
 childlogdir={workdir}
 
 [unix_http_server]
@@ -134,8 +126,12 @@ def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, node
     listener = [sys.executable, "-m", "trainpod.supervise", str(workdir), json.dumps(asdict(policy)), str(node_rank)]
     config = workdir / "supervisord.conf"
     config.write_text(render_config(job, listener, workdir, stop_wait))
+    outer = os.getpid()
+    # No thread runs here, so the pre-exec function is safe: supervisord gets SIGTERM if this process
+    # dies, even of SIGKILL, and stops the job as on `docker stop`.
     supervisord = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(config)],
-                                   env={**env, BUDGET_DIR: str(workdir)})
+                                   env={**env, BUDGET_DIR: str(workdir)},
+                                   preexec_fn=lambda: orphans.die_with_parent(orphans.PARENT_SIGNAL, outer))
 
     received: list[int] = []
 
@@ -179,7 +175,7 @@ def listen(workdir: Path, policy: Policy, node_rank: str) -> None:
 
     socket_url = f"unix://{workdir / 'supervisor.sock'}"
     rpc = xmlrpc.client.ServerProxy("http://localhost", transport=SupervisorTransport(None, None, socket_url))
-    restarts = attempts = 0
+    budget = policy.budget(workdir)
 
     say = log.writer(node_rank)
     for name, fields in _events(sys.stdin, sys.stdout):
@@ -187,29 +183,27 @@ def listen(workdir: Path, policy: Policy, node_rank: str) -> None:
             continue
         if rpc.supervisor.getState()["statename"] != "RUNNING":
             continue  # supervisord is shutting down (a signal): run_supervised reports it
-        code = rpc.supervisor.getProcessInfo(PROGRAM)["exitstatus"]
+        info = rpc.supervisor.getProcessInfo(PROGRAM)
+        code = info["exitstatus"]
         if code == KILLED_BY_SIGNAL:
             code = 128 + signal.SIGKILL  # supervisord does not say which signal; the usual one is the OOM killer's
-        worker_restarts = _read_int(workdir / WORKER_RESTARTS)  # torchrun's own, in the run that just ended
-        (workdir / WORKER_RESTARTS).unlink(missing_ok=True)
-        restarts += worker_restarts
-        attempts += worker_restarts + 1
-        if policy.restarts(code, restarts):
-            restarts += 1
-            (workdir / RESTARTS_USED).write_text(str(restarts))
-            delay = policy.delay(restarts)
-            say(f"the job exited with {code}: restart {restarts} of {policy.max_restarts} in {delay:g}s")
-            time.sleep(delay)
-            rpc.supervisor.startProcess(PROGRAM, False)
-            continue
-        if code in (EXIT_USAGE, EXIT_CONFIG):
-            say(f"the job exited with {code} (a usage or configuration error): not restarted")
-        elif code != EXIT_OK:
-            say(f"the job exited with {code} after {attempts} attempt(s) (--max-restarts {policy.max_restarts}): giving up")
-        (workdir / OUTCOME).write_text(json.dumps({"code": code, "attempts": attempts}))
+        if budget.final() is None:  # else the agent (or the job's preflight) decided, and said so
+            committed, step = restarts.reported(workdir / "progress")
+            ran_s = max(0.0, float(info.get("stop", 0)) - float(info.get("start", 0)))
+            decision = budget.decide(restarts.Failure(code=code, committed=committed, step=step, ran_s=ran_s, who="the job"))
+            if decision.restart:
+                delay = policy.delay(decision.used)
+                say(f"{decision.line}; starting it again in {delay:g}s")
+                time.sleep(delay)
+                rpc.supervisor.startProcess(PROGRAM, False)
+                continue
+            if decision.line:
+                say(decision.line)
+        (workdir / OUTCOME).write_text(json.dumps({"code": code, "attempts": budget.load().attempts}))
         rpc.supervisor.shutdown()
 
 
 if __name__ == "__main__":
+    orphans.die_with_parent(orphans.PARENT_SIGNAL)  # supervisord's child: gone with it
     directory, policy_json, node = sys.argv[1:4]
     listen(Path(directory), Policy(**json.loads(policy_json)), node)

@@ -22,10 +22,19 @@ def run_to_exit(command: str) -> tuple[int, str]:
 
 
 def test_the_container_exits_with_the_jobs_code_after_its_restarts(docker_ready):
-    status, output = run_to_exit("trainpod run --max-restarts 2 --restart-backoff 0.1 -- sh -c 'echo attempt; exit 3'")
-    assert status == 3, output
+    # Another code on each attempt: never the same failure twice, so the budget runs out.
+    status, output = run_to_exit("trainpod run --max-restarts 2 --restart-backoff 0.1 -- "
+                                 "sh -c 'echo attempt; exit $((3 + TORCHELASTIC_RESTART_COUNT))'")
+    assert status == 5, output
     assert output.count("attempt\n") == 3
-    assert "the job exited with 3 after 3 attempt(s) (--max-restarts 2): giving up" in output
+    assert "rank 0 exited with 5 after 3 attempt(s), 2 restart(s) without progress (--max-restarts 2): giving up" in output
+
+
+def test_the_same_failure_twice_ends_the_container_after_two_attempts(docker_ready):
+    status, output = run_to_exit("trainpod run --max-restarts 5 -- sh -c 'echo attempt; exit 3'")
+    assert status == 3, output
+    assert output.count("attempt\n") == 2
+    assert "the same failure twice without progress (no step reported): not restarting (exit code 3)" in output
 
 
 def test_a_configuration_error_exits_78_with_one_attempt(docker_ready):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -178,3 +179,107 @@ def test_a_rank_killed_by_a_signal_exits_128_plus_signal():
     result = trainpod("run", "--no-supervise", "--master-port", str(free_port()), "--", sys.executable, "-c", code, timeout=120)
     assert result.returncode == 137, result.stderr
     assert "SIGKILL" in result.stderr
+
+
+# --- issue 9: a rank's deterministic error is final, one line, before or without a restart ---
+
+
+def run_job(*args, env=None, timeout=180):
+    """`trainpod run` under supervision (both layers), on a free port, with a short backoff."""
+    return trainpod("run", "--master-port", str(free_port()), "--restart-backoff", "0.1", *args, env=env, timeout=timeout)
+
+
+def restarted(result):
+    return "restarting the worker group" in result.stderr or "starting it again" in result.stderr
+
+
+def error_lines(result):
+    return [line for line in result.stderr.splitlines() if "error:" in line]
+
+
+def test_a_command_that_is_not_there_is_64_before_any_rank_starts(tmp_path):
+    assert one_line_error(trainpod("run", "--", "nosuchcmd"), 64) == "trainpod: error: -- nosuchcmd: command not found (searched PATH)"
+    script = tmp_path / "train.sh"
+    script.write_text("echo hi\n")
+    assert "not executable" in one_line_error(trainpod("run", "--", str(script)), 64)
+
+
+@pytest.mark.parametrize("args,env,code,says", [
+    (["--", "--max-steps", "-5"], {}, 64, "cifar10-ddp: error: --max-steps='-5': expected an integer >= 1"),
+    ([], {"TRAINPOD_CHECKPOINT_EVERY": "0"}, 78, "cifar10-ddp: error: TRAINPOD_CHECKPOINT_EVERY='0': expected an integer >= 1"),
+])
+def test_a_bad_example_argument_or_variable_ends_the_job_once_with_one_line(args, env, code, says):
+    result = run_job("--example", "cifar10-ddp", *args, env=env)
+    assert result.returncode == code, result.stderr
+    assert [line.split("] ", 1)[-1] for line in error_lines(result)] == [says]
+    assert "Traceback" not in result.stderr and "usage:" not in result.stderr
+    assert f"rank 0 exited with {code} (a " in result.stderr and not restarted(result)
+
+
+def test_a_checkpoint_directory_that_is_a_file_or_of_another_model_is_78(tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = run_job("--example", "cifar10-ddp", "--", "--checkpoint-dir", str(tmp_path / "file"))
+    assert result.returncode == 78 and "Traceback" not in result.stderr, result.stderr
+    assert [line.split("] ", 1)[-1] for line in error_lines(result)] == [
+        f"cifar10-ddp: error: the checkpoint directory {tmp_path / 'file'} is not a directory (it, or a folder on its path, is a file); "
+        "choose another directory or fix this one"]
+
+    import torch
+
+    from trainpod.checkpoint import Checkpointer
+
+    with Checkpointer(tmp_path / "other") as checkpointer:  # a valid manifest, the state of something else
+        checkpointer.save(5, {"model": torch.nn.Linear(3, 4).state_dict()})
+    result = run_job("--example", "cifar10-ddp", "--", "--checkpoint-dir", str(tmp_path / "other"))
+    assert result.returncode == 78 and "Traceback" not in result.stderr, result.stderr
+    (line,) = error_lines(result)
+    assert "the checkpoint of step 5" in line and "does not fit this cifar10-ddp job" in line and not restarted(result)
+
+
+def test_a_missing_package_is_named_before_any_rank_starts(tmp_path):
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "numpy.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n")
+    result = run_job("--example", "cifar10-ddp", env={"PYTHONPATH": f"{shadow}:{ENTRYPOINT}"})
+    assert result.returncode == 78, result.stderr
+    assert error_lines(result) == [f"[node0] trainpod: error: numpy is not installed in {sys.executable}: the example "
+                                   "trainpod.examples.cifar10 needs it; pip install numpy"]
+    assert "rank" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_full_disk_ends_the_job_at_once_with_73(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        result = run_job("--nproc-per-node", "2", "--example", "cifar10-ddp", "--", "--checkpoint-dir", str(small / "ckpt"),
+                         "--checkpoint-every", "2", "--max-steps", "60", "--batch-size", "8", "--synthetic-samples", "512")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert result.returncode == 73, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "could not save" in line]
+    assert "No space left on device; the checkpoint of step 4 is intact (verified): a new run resumes from it" in line
+    assert "Traceback" not in result.stderr and not restarted(result)
+    # Every rank stops after the same step with 73; the agent names whichever it saw first.
+    assert re.search(r"rank [01] exited with 73 \(a checkpoint cannot be written\): not restarting", result.stderr)
+
+
+def test_nccls_interface_variable_is_not_copied_into_glooss_on_the_cpu():
+    result = run_job("--", "true", env={"NCCL_SOCKET_IFNAME": "nonexist0"})
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning:" in line]
+    assert warnings == ["[node0] trainpod: warning: NCCL_SOCKET_IFNAME='nonexist0' is ignored: the backend is gloo, which reads "
+                        "GLOO_SOCKET_IFNAME; trainpod picks GLOO_SOCKET_IFNAME itself and leaves NCCL_SOCKET_IFNAME as it is"]
+    line = one_line_error(trainpod("run", "--", "true", env={"GLOO_SOCKET_IFNAME": "nonexist0"}), 78)
+    assert line.startswith("trainpod: error: GLOO_SOCKET_IFNAME='nonexist0': no such interface here (have: ")
+
+
+def test_several_sources_are_one_warning_in_explain_and_in_run():
+    env = {**pai_environment({"worker": 1}, ("worker", 0), {"SyncPort": 1}), "MASTER_ADDR": "10.0.0.9"}
+    warning = "several cluster sources are set: using pai (the first source that detects); ignoring torchrun's MASTER_ADDR"
+    explained = trainpod("explain", env=env)
+    assert explained.returncode == 0 and explained.stdout.count("warning: ") == 1 and f"warning: {warning}" in explained.stdout
+    result = trainpod("run", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--", "true", env=env)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stderr.splitlines() if "warning" in line] == [f"[node0] trainpod: warning: {warning}"]

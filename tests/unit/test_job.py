@@ -19,7 +19,8 @@ TOPOLOGY = Topology(source="pai", nnodes=2, node_rank=1, nproc_per_node=2, maste
 
 def test_a_spec_round_trips_through_json():
     for target in (Target.for_example("cifar10-ddp", ["--epochs", "1"]), Target(command=("python", "train.py", "100%"))):
-        spec = JobSpec(topology=TOPOLOGY, target=target, connect_timeout=5.0, term_grace=25.0, max_restarts=3)
+        spec = JobSpec(topology=TOPOLOGY, target=target, connect_timeout=5.0, term_grace=25.0, max_restarts=3,
+                       progress_window=30.0, rejoin_timeout=12.5)
         assert JobSpec.from_json(spec.to_json()) == spec
 
 

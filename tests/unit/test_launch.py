@@ -19,6 +19,7 @@ def test_torchrun_arguments():
         assert part in joined
     assert plan.env["OMP_NUM_THREADS"] == "2"
     assert plan.env["TRAINPOD_TERM_GRACE"] == "25"
+    assert (plan.env["TRAINPOD_PROGRESS_WINDOW"], plan.env["TRAINPOD_REJOIN_TIMEOUT"]) == ("600", "60")  # for the agent
     assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # a fresh store per restart (torch #135712)
 
 
@@ -52,6 +53,18 @@ def test_no_proxy_includes_the_master():
 
 def test_log_prefix_names_node_and_rank():
     assert build_plan(TOPOLOGY, Target(command=("x",)), {}).env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[node1 rank${rank}] "
+
+
+def test_an_example_says_what_it_needs():
+    cifar = Target.for_example("cifar10-ddp", env={})
+    assert cifar.needs == ("numpy",) and cifar.shm_mib == 0  # no DataLoader workers: /dev/shm cannot matter
+    assert Target.for_example("cifar10-ddp", ["--workers", "2"], env={}).shm_mib == 512
+    assert Target.for_example("cifar10-ddp", env={"TRAINPOD_WORKERS": "1"}).shm_mib == 512
+    imagenet = Target.for_example("imagenet-ddp", env={})
+    assert imagenet.needs == ("numpy", "PIL") and imagenet.shm_mib == 8192
+    assert Target.for_example("imagenet-ddp", ["--workers=0"], env={}).shm_mib == 0
+    assert Target(command=("python", "x.py")).shm_mib is None  # a command: unknown
+    assert Target.from_dict(imagenet.__dict__) == imagenet
 
 
 def test_unknown_example():

@@ -17,13 +17,15 @@ from trainpod.preemption import DEFAULT_GRACE_S, EXIT_CODE, GRACE_VAR, Preemptio
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 
 # A rank of a toy training loop: a collective per step, then should_stop() at the same point.
-# argv: rank, world, store file, grace, what to do once stopped ("exit" or "hang").
+# argv: rank, world, store file, grace, what to do once stopped ("exit" or "hang"), or "error@N": from step N
+# on, rank 1 asks every rank to stop with 73 (a checkpoint that cannot be saved).
 RANK_SCRIPT = textwrap.dedent(
     """
     import os, sys, time
     from trainpod.preemption import EXIT_CODE, Preemption
 
     rank, world, store, grace, then = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+    error_at = int(then.split("@")[1]) if then.startswith("error@") else 0
     os.environ["RANK"] = str(rank)
     if world > 1:  # a world of one skips torch: importing it takes seconds
         import torch, torch.distributed as dist
@@ -36,8 +38,11 @@ RANK_SCRIPT = textwrap.dedent(
             time.sleep(0.005)
             if step == 3:
                 print("ready", flush=True)
-            if preemption.should_stop():
-                print(f"stopped at step {step}", flush=True)
+            if preemption.should_stop(error=73 if error_at and rank == 1 and step >= error_at else 0):
+                print(f"stopped at step {step} error {preemption.error}", flush=True)
+                if preemption.error:
+                    distributed.shutdown()
+                    sys.exit(preemption.error)
                 if then == "hang":
                     time.sleep(60)  # a save that never ends: the watchdog must end the process
                 if world > 1:
@@ -154,6 +159,15 @@ def test_a_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path):
     assert f"trainpod: rank 1 received SIGTERM: stopping after this step (grace 20s, {GRACE_VAR})" in err1.splitlines()
     assert f"trainpod: rank 0 stops with the others: another rank received SIGTERM (grace 20s, {GRACE_VAR})" in err0.splitlines()
     assert "did not stop within" not in err0 + err1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_an_error_of_one_rank_stops_every_rank_after_the_same_step_with_its_code(tmp_path):
+    ranks = start_ranks(tmp_path, world=2, grace=20, then="error@5")
+    (code0, out0, err0), (code1, out1, err1) = finish(ranks)
+    assert (code0, code1) == (73, 73), err0 + err1
+    assert out0.splitlines()[-1] == out1.splitlines()[-1] == "stopped at step 5 error 73", out0 + out1
+    assert "SIGTERM" not in err0 + err1  # not a pre-emption: no grace message, no watchdog
 
 
 def test_the_watchdog_exits_143_with_one_line_when_the_grace_runs_out(tmp_path):

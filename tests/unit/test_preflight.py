@@ -1,9 +1,11 @@
 import socket
+import sys
 
 import pytest
 
 from trainpod import preflight
-from trainpod.errors import ConfigError, UnreachableError
+from trainpod.errors import ConfigError, UnreachableError, UsageError
+from trainpod.launch import Target
 from trainpod.topology import Topology
 
 
@@ -47,9 +49,56 @@ def test_proxy_summary():
 
 
 def test_a_configured_interface_must_exist():
-    with pytest.raises(Exception, match="GLOO_SOCKET_IFNAME='nope0'"):
+    with pytest.raises(ConfigError, match="GLOO_SOCKET_IFNAME='nope0'"):
         preflight.check_interface(topology(interface="nope0", origins={"interface": "GLOO_SOCKET_IFNAME"}))
     preflight.check_interface(topology(interface="^docker", origins={"interface": "NCCL_SOCKET_IFNAME"}))
+    with pytest.raises(ConfigError, match="NCCL_SOCKET_IFNAME='=nope0': NCCL reads it as exact names, and it matches no interface"):
+        preflight.check_interface(topology(interface="=nope0", origins={"interface": "NCCL_SOCKET_IFNAME"}))
+
+
+def test_what_the_job_imports_is_imported_first_and_named_when_missing(tmp_path, monkeypatch):
+    missing = "raise ModuleNotFoundError(\"No module named 'fake_missing_dep'\", name='fake_missing_dep')"
+    (tmp_path / "fake_missing_dep.py").write_text(missing)
+    (tmp_path / "fake_broken.py").write_text("import no_such_inner_module_x")
+    (tmp_path / "fake_crash.py").write_text("raise RuntimeError('the native library did not load')")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    preflight.check_imports(["json"], "the job")
+    with pytest.raises(ConfigError, match=r"^fake_missing_dep is not installed in .*: the example x needs it; pip install fake_\w+$"):
+        preflight.check_imports(["fake_missing_dep"], "the example x")
+    with pytest.raises(ConfigError, match="^fake_broken does not import in .*: it needs no_such_inner_module_x, which is not installed"):
+        preflight.check_imports(["fake_broken"], "the job")
+    with pytest.raises(ConfigError, match=r"^fake_crash does not import in .* \(RuntimeError: the native library did not load\)"):
+        preflight.check_imports(["fake_crash"], "the job")
+    with pytest.raises(ConfigError, match="pip install Pillow"):
+        monkeypatch.setitem(sys.modules, "PIL", None)  # an import of PIL now fails as if missing
+        preflight.check_imports(["PIL"], "the example imagenet-ddp")
+
+
+def test_the_command_is_found_before_any_rank_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {"PATH": "/usr/bin:/bin"}
+    preflight.check_command(["sh", "-c", "true"], env)
+    preflight.check_command(["python3", "-m", "json.tool"], env)
+    (tmp_path / "plain.txt").write_text("")
+    (tmp_path / "train.py").write_text("")
+    preflight.check_command(["python3", "train.py"], env)
+    for command, says in [(["nosuchcmd"], "-- nosuchcmd: command not found (searched PATH)"),
+                          ([str(tmp_path / "plain.txt")], "not executable"),
+                          ([str(tmp_path)], "is a directory"),
+                          ([str(tmp_path / "gone")], "no such file"),
+                          (["python3", "nosuch.py", "--lr", "1"], "-- python3 nosuch.py: no such file")]:
+        with pytest.raises(UsageError) as raised:
+            preflight.check_command(command, env)
+        assert says in str(raised.value) and raised.value.exit_code == 64
+
+
+def test_shm_matters_only_with_loader_workers_or_nccl_between_local_ranks():
+    gloo = topology(nproc_per_node=2)
+    assert preflight.shm_needed(gloo, Target.for_example("cifar10-ddp", env={})) == 0
+    assert preflight.shm_needed(gloo, Target.for_example("imagenet-ddp", env={})) == 8192 * 2**20
+    assert preflight.shm_needed(gloo, Target(command=("python", "x.py"))) == preflight.MIN_SHM_BYTES  # unknown: warn
+    nccl = topology(nproc_per_node=2, backend="nccl")
+    assert preflight.shm_needed(nccl, Target.for_example("cifar10-ddp", env={})) == preflight.MIN_SHM_BYTES
 
 
 def test_launching_needs_torch(monkeypatch):
@@ -77,3 +126,19 @@ def test_no_driver_check_without_gpus_or_for_a_cpu_torch():
     preflight.check_cuda_driver(topology(), {"CUDA_VISIBLE_DEVICES": ""}, cuda="13.0", driver=absent)  # gloo, no GPU: the CPU path
     preflight.check_cuda_driver(topology(backend="nccl"), {}, cuda="", driver=absent)  # a CPU build: torch.version.cuda is None
     preflight.check_cuda_driver(topology(backend="nccl"), {}, cuda="99.0", driver=absent)  # a CUDA the table does not know
+
+
+def test_the_host_name_and_shm_warnings_only_where_they_can_matter(monkeypatch):
+    said = []
+    monkeypatch.setattr(preflight, "check_shm", lambda log, **kwargs: said.append(("shm", kwargs["minimum"])))
+    monkeypatch.setattr(preflight, "check_hostname", lambda log: said.append(("hostname",)))
+    monkeypatch.setattr(preflight, "check_port_free", lambda topology: None)
+    single = topology(nnodes=1, node_rank=0, nproc_per_node=2)
+    preflight.run_preflight(single, {}, connect_timeout=1, log=print, target=Target.for_example("cifar10-ddp", env={}))
+    assert said == []  # one node: nobody looks this host up by name; no DataLoader workers
+    preflight.run_preflight(single, {}, connect_timeout=1, log=print, target=Target.for_example("imagenet-ddp", env={}))
+    assert said == [("shm", 8192 * 2**20)]
+    said.clear()
+    preflight.run_preflight(topology(nnodes=2, node_rank=0), {}, connect_timeout=1, log=print,
+                            target=Target.for_example("cifar10-ddp", env={}))
+    assert said == [("hostname",)]

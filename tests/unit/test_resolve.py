@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from fixtures.pai_runtime import pai_environment
@@ -46,8 +48,34 @@ def test_nccl_without_gpus_is_refused():
 
 
 def test_user_interface_is_kept():
-    topology = resolve({"GLOO_SOCKET_IFNAME": "ib0"})
-    assert topology.interface == "ib0" and topology.origins["interface"] == "GLOO_SOCKET_IFNAME"
+    topology = resolve({"GLOO_SOCKET_IFNAME": "lo"})
+    assert topology.interface == "lo" and topology.origins["interface"] == "GLOO_SOCKET_IFNAME"
+
+
+def test_the_interface_variable_is_the_backends_and_checked_in_its_syntax():
+    with pytest.raises(ConfigError, match=r"^GLOO_SOCKET_IFNAME='nonexist0': no such interface here \(have: .*lo"):
+        resolve({"GLOO_SOCKET_IFNAME": "nonexist0"})
+    # On the CPU (gloo) NCCL's variable is not used, so neither checked nor copied: the route decides.
+    topology = resolve({"NCCL_SOCKET_IFNAME": "nonexist0"})
+    assert (topology.interface, topology.origins["interface"]) == ("lo", "auto")
+    assert topology.warnings == ("NCCL_SOCKET_IFNAME='nonexist0' is ignored: the backend is gloo, which reads GLOO_SOCKET_IFNAME; "
+                                 "trainpod picks GLOO_SOCKET_IFNAME itself and leaves NCCL_SOCKET_IFNAME as it is",)
+    gpus = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    for value in ("l", "^docker", "=lo", "lo,eth", "^=docker0"):  # NCCL's prefixes, exclusions and exact names
+        topology = resolve({**gpus, "NCCL_SOCKET_IFNAME": value, "GLOO_SOCKET_IFNAME": "bogus"})
+        assert (topology.interface, topology.origins["interface"], topology.warnings) == (value, "NCCL_SOCKET_IFNAME", ())
+    for value in ("=l", "nonexist", "^l,e,d,i,w,v,t,b,s,p,w,a,c,x,y,z,n,m,g,f,o,h,j,k,q,r,u"):
+        with pytest.raises(ConfigError, match=re.escape(f"NCCL_SOCKET_IFNAME={value!r}: NCCL reads it as")):
+            resolve({**gpus, "NCCL_SOCKET_IFNAME": value})
+
+
+def test_several_sources_or_disagreeing_variables_are_one_warning():
+    env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "MASTER_ADDR": "10.0.0.5", "NNODES": "2"}
+    assert resolve(env).warnings == ("several cluster sources are set: using pai (the first source that detects); "
+                                     "ignoring torchrun's NNODES, MASTER_ADDR",)
+    assert resolve({**env, "NODE_RANK": "1"}, source="torchrun").warnings == ("several cluster sources are set: using --source torchrun; "
+                                                         "ignoring pai's PAI_CURRENT_TASK_ROLE_NAME",)
+    assert resolve({"MASTER_ADDR": "10.0.0.5"}).warnings == ()
 
 
 def test_unknown_interface_flag():

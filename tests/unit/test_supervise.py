@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from trainpod.restarts import Failure
 from trainpod.supervise import Policy, render_config, stop_wait_s
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_", "TRAINPOD_", "MASTER_"))}
 
 
-def test_policy_never_restarts_success_usage_or_configuration_errors():
-    policy = Policy(max_restarts=3)
-    assert not any(policy.restarts(code, 0) for code in (0, 64, 78))
-    assert all(policy.restarts(code, 0) for code in (1, 3, 69, 137, 143))
-    assert policy.restarts(1, 2) and not policy.restarts(1, 3)
+def test_the_policy_budget_is_the_one_in_the_supervisors_directory(tmp_path):
+    budget = Policy(max_restarts=3, progress_window=5).budget(tmp_path)
+    assert (budget.max_restarts, budget.progress_window, budget.path) == (3, 5, tmp_path / "budget.json")
+    assert not any(budget.decide(Failure(code)).restart for code in (0, 64, 73, 78, 143))
 
 
 def test_backoff_doubles_up_to_a_cap():
@@ -61,20 +61,31 @@ def supervised(*command, restarts="2", env=None, **kwargs):
 
 
 def test_a_failing_job_is_restarted_then_exits_with_its_code():
-    result = supervised("--", "sh", "-c", "echo attempt; exit 3")
-    assert result.returncode == 3, result.stderr
+    # A different code each attempt (TORCHELASTIC_RESTART_COUNT: the restarts without progress so far), so
+    # that it is never the same failure twice: the budget runs out.
+    result = supervised("--", "sh", "-c", "echo attempt; exit $((3 + TORCHELASTIC_RESTART_COUNT))")
+    assert result.returncode == 5, result.stderr
     assert result.stdout.count("attempt") == 3
     # A failed rank is restarted by torchrun inside the agent (no backoff), counted against the one budget.
-    assert "restarting the worker group (2 restart(s) left)" in result.stderr
-    assert "restarting the worker group (1 restart(s) left)" in result.stderr
-    assert "exited with 3 after 3 attempt(s) (--max-restarts 2): giving up" in result.stderr
+    assert "restarting the worker group: rank 0 exited with 3: restart 1 of 2 without progress" in result.stderr
+    assert "restarting the worker group: rank 0 exited with 4: restart 2 of 2 without progress" in result.stderr
+    assert "rank 0 exited with 5 after 3 attempt(s), 2 restart(s) without progress (--max-restarts 2): giving up" in result.stderr
+    assert "the job exited" not in result.stderr  # the agent decided; the listener only records the code
+
+
+def test_the_same_failure_twice_ends_the_job_after_two_attempts():
+    result = supervised("--", "sh", "-c", "echo attempt; exit 3", restarts="5")
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.count("attempt") == 2
+    lines = [line for line in result.stderr.splitlines() if "same failure" in line]
+    assert lines == ["[node0] trainpod: the same failure twice without progress (no step reported): not restarting (exit code 3)"]
 
 
 def test_a_configuration_error_is_not_restarted():
     result = supervised("--", "sh", "-c", "echo attempt; exit 78")
     assert result.returncode == 78, result.stderr
     assert result.stdout.count("attempt") == 1
-    assert "not restarted" in result.stderr
+    assert "[node0] trainpod: rank 0 exited with 78 (a configuration error): not restarting" in result.stderr.splitlines()
 
 
 def test_an_unreachable_master_is_retried():
@@ -85,7 +96,8 @@ def test_an_unreachable_master_is_retried():
         env={**CLEAN, "PYTHONPATH": ENTRYPOINT, **env}, capture_output=True, text=True, timeout=120)
     assert result.returncode == 69, result.stderr
     assert result.stderr.count("trainpod: error: master 127.0.0.1") == 2
-    assert "after 2 attempt(s)" in result.stderr
+    assert "the job exited with 69: restart 1 of 1 without progress; starting it again in 0.1s" in result.stderr
+    assert "the job exited with 69 after 2 attempt(s), 1 restart(s) without progress (--max-restarts 1): giving up" in result.stderr
 
 
 def test_success_is_zero_and_sigterm_is_143():

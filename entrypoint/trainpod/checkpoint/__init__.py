@@ -12,6 +12,22 @@ The API (used by the examples, meant for your own scripts too):
 CheckpointError, one line naming the directory, the file and the OS error ("No space left on
 device"), from the next save(), wait() or close().
 
+Errors and their exit codes (CheckpointError.exit_code, for a script that exits with it):
+- 78 (configuration): a directory that cannot be used at all (a file, a symbolic link loop, not
+  readable, not writable for the writer: check() finds these before training starts; an entry named
+  like a checkpoint file that is a directory), or a checkpoint that verifies but that torch.load
+  cannot read here. Retrying fails the same way: fix the job.
+- 73 (EX_CANTCREAT): a save failed for lack of space (ENOSPC, EDQUOT, EFBIG) or of permission
+  (EACCES, EPERM, EROFS). Before the error is reported, the newest earlier checkpoint is verified
+  (size and sha256), and the line says which step a new run would resume from. `fatal` shows such
+  an error as soon as it happened, so a training loop can stop at once instead of at its next save
+  (the bundled examples do: every rank stops after the current step and exits 73).
+- 1: anything else (a state that does not pickle, an I/O error that may pass).
+
+Progress. Each commit is reported to the agent with trainpod.progress.committed(step), and so is
+the checkpoint load_latest() resumed from: `trainpod run` gives the restart budget back when a job
+committed a newer checkpoint since its last failure (trainpod.restarts).
+
 Files. Step 1234 is `ckpt-00001234.pt` (what torch.save wrote) plus `ckpt-00001234.json`, its
 manifest: format, version, step, file, size, sha256, created, torch version. The manifest is the
 commit point: a data file without one is not a checkpoint. A save writes the data to a temporary
@@ -48,9 +64,11 @@ values with copy.deepcopy), and hands that snapshot to a background thread: the 
 its model as soon as save() returns. The snapshot's buffers are kept and reused by the next save
 whenever a tensor has the same shape, dtype and strides, so a save costs a memcpy, not a fresh
 allocation and its page faults; close() releases them. GPU tensors go into pinned buffers. The
-background thread streams torch.save into the temporary file and feeds each chunk to the sha256
-just before writing it, so the digest is that of the bytes as written; hashlib releases the GIL on
-large chunks, so the training thread runs on meanwhile.
+background thread streams torch.save into the temporary file; a second thread trails it, reading
+each 4 MiB block back (from the page cache) as soon as it is written and feeding it to the sha256.
+So hashing overlaps the write and the fsync instead of adding to them, and the digest is that of
+the bytes in the file, which is what load_latest() checks; a failed read fails the save like a
+failed write. Writing, reading and hashing release the GIL, so the training thread runs on.
 
 Interpreter exit. The writer thread is not a daemon: a script that ends (or dies of an exception)
 with a save in flight still finishes that save before the process exits. A failure then is
@@ -107,11 +125,11 @@ from typing import Any, Callable
 
 import torch
 
-from trainpod import failpoints
+from trainpod import failpoints, progress
 from trainpod.atomic import fsync_dir, make_shareable
 from trainpod.checkpoint import files
 from trainpod.checkpoint.snapshot import Snapshot
-from trainpod.errors import TrainpodError
+from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, TrainpodError
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
@@ -119,7 +137,34 @@ LOG_PREFIX = "trainpod.checkpoint: "
 
 
 class CheckpointError(TrainpodError):
-    """A checkpoint could not be saved (or a verified one not loaded); the message is one line."""
+    """A checkpoint could not be saved (or a verified one not loaded); the message is one line.
+
+    `exit_code`: 78 for an unusable directory or a checkpoint this environment cannot read, 73 for a
+    save that failed for lack of space or permission, 1 otherwise (see the module's docstring).
+    """
+
+
+# A save that fails with one of these fails the same way on every retry.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+NO_PERMISSION = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+# Listing or creating the directory: these say the path itself is wrong, not that it failed this time.
+UNUSABLE = NO_PERMISSION | {errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EEXIST}
+
+
+def _unusable(directory: Path, exc: OSError, doing: str) -> CheckpointError:
+    """The one-line error for a checkpoint directory that cannot be used: 78 where the path is wrong."""
+    if exc.errno == errno.ENOTDIR:
+        what = f"the checkpoint directory {directory} is not a directory (it, or a folder on its path, is a file)"
+    elif exc.errno == errno.ELOOP:
+        what = f"the checkpoint directory {directory} is a symbolic link loop (too many levels of symbolic links)"
+    elif exc.errno == errno.EEXIST:
+        what = f"the checkpoint directory {directory} exists but is not a directory (a file or a broken symbolic link)"
+    else:
+        what = f"cannot {doing} the checkpoint directory {directory}: {exc.strerror or exc}"
+    code = EXIT_CONFIG if exc.errno in UNUSABLE else 1
+    error = CheckpointError(what + ("; choose another directory or fix this one" if code == EXIT_CONFIG else ""), exit_code=code)
+    error.__cause__ = exc
+    return error
 
 
 def _default_log(message: str) -> None:
@@ -151,40 +196,97 @@ def _find_os_error(exc: BaseException | None) -> OSError | None:
 # --- writing -----------------------------------------------------------------------------------
 
 
+_HASH_BLOCK = 4 << 20  # what the hashing thread reads at a time; also how far apart it is woken
+
+
 class _HashingWriter:
-    """The file object torch.save writes to: each chunk goes into the sha256, then into the file."""
+    """The file object torch.save writes to; a thread trailing the write hashes the file's bytes.
+
+    Each block written is published (flushed to the OS, its end announced) and the thread reads it
+    back with pread into the sha256: the digest is that of the bytes in the file, whatever torch.save
+    does with its buffers after write() returns. The price: a thread and one more copy of each byte,
+    from the page cache (or from the disk, slower but still right, if memory pressure evicted it);
+    what it buys over hashing each chunk before writing it: the hashing overlaps the write and the
+    fsync (bench/checkpoint.py). Use it as a context manager (the thread lives inside it), and
+    stop(abort=False) before the fsync so that the thread hashes the tail meanwhile; hexdigest()
+    waits for it.
+    """
 
     def __init__(self, file):
         self._file = file
+        self._fd = file.fileno()
         self._hash = hashlib.sha256()
-        self.size = 0
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._hash_file, name="trainpod-checkpoint-hash")
+        self.size = 0  # bytes handed to the file
+        self._published = 0  # bytes in the file, which the thread may read
+        self._hashed = 0
+        self._ended = self._aborted = False
+        self._error: BaseException | None = None
         self.os_error: OSError | None = None  # torch.save may re-wrap it; the cause is kept here
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        # Hashed here, in the writer thread: hashlib releases the GIL on large chunks, so the
-        # training thread runs on. What this gives up: a hashing thread trailing the write would
-        # also overlap the fsync, making save()+wait() shorter (by 0.05 to 0.1 s per 100 MB here and
-        # on a 16-core host, bench/checkpoint.py), at the price of a queue and of knowing
-        # which of torch.save's buffers outlive write().
-        self._hash.update(view)
-        self.size += view.nbytes
-        try:
-            self._file.write(view)
-        except OSError as exc:
-            self.os_error = self.os_error or exc
-            raise
+        for start in range(0, view.nbytes, _HASH_BLOCK):  # a large tensor is hashed while it is written
+            piece = view[start : start + _HASH_BLOCK]
+            self._keep_os_error(self._file.write, piece)
+            self.size += piece.nbytes
+            if self.size - self._published >= _HASH_BLOCK:
+                self.flush()
         return view.nbytes
 
     def flush(self) -> None:
+        self._keep_os_error(self._file.flush)
+        with self._cond:
+            self._published = self.size
+            self._cond.notify()
+
+    def _keep_os_error(self, call, *args) -> None:
         try:
-            self._file.flush()
+            call(*args)
         except OSError as exc:
             self.os_error = self.os_error or exc
             raise
 
+    def _hash_file(self) -> None:
+        try:
+            block = memoryview(bytearray(_HASH_BLOCK))
+            while True:
+                with self._cond:
+                    while self._hashed == self._published and not self._ended:
+                        self._cond.wait()
+                    if self._aborted or self._hashed == self._published:
+                        return
+                    n = min(self._published - self._hashed, _HASH_BLOCK)
+                n = os.preadv(self._fd, [block[:n]], self._hashed)
+                if n == 0:
+                    raise OSError(errno.EIO, f"the file ends at {self._hashed} bytes, {self._published} were written")
+                self._hash.update(block[:n])
+                self._hashed += n
+        except BaseException as exc:  # reported by hexdigest(): a digest that missed bytes would condemn a good file
+            self._error = exc
+
+    def stop(self, *, abort: bool) -> None:
+        """No more writes: the thread hashes the rest of the file, or with abort stops after its block."""
+        with self._cond:
+            self._ended = True
+            self._aborted = self._aborted or abort
+            self._cond.notify()
+
     def hexdigest(self) -> str:
+        self.stop(abort=False)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self._hash.hexdigest()
+
+    def __enter__(self) -> _HashingWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop(abort=True)
+        self._thread.join()
 
 
 class _Job:
@@ -281,16 +383,62 @@ class Checkpointer:
             self._spare = None
             self._raise_error_locked()
 
+    @property
+    def fatal(self) -> CheckpointError | None:
+        """A background save's failure that no retry can fix (no space, no permission: exit_code 73),
+        from the moment it happened; else None. Neither raises nor clears it: the next save(), wait()
+        or close() still raises it. Cheap: a training loop may look after every step."""
+        error = self._error
+        return error if error is not None and error.exit_code == EXIT_CANTCREAT else None
+
+    def check(self, write: bool = True) -> None:
+        """Raise CheckpointError now, not at the first save, if the directory cannot be used.
+
+        Not a directory, a symbolic link loop, unreadable, or an entry named like a checkpoint file
+        that is not a regular file: exit_code 78. With `write` (the rank that saves): the directory is
+        created if missing and a file is created in it and removed again; no permission is 78, no
+        space 73. Deletes nothing else: leftovers of interrupted saves are removed by the first save.
+        """
+        self._list()
+        if not write:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unusable(self.directory, exc, "create") from None
+        try:
+            fd, probe = tempfile.mkstemp(dir=self.directory, prefix=files.TEMP_PREFIX + "probe.", suffix=files.TEMP_SUFFIX)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            if exc.errno in NO_SPACE:
+                raise CheckpointError(f"cannot write in the checkpoint directory {self.directory}: {exc.strerror}",
+                                      exit_code=EXIT_CANTCREAT) from exc
+            raise _unusable(self.directory, exc, "write in") from None
+
+    def _list(self) -> list[str]:
+        """The directory's names ([] if it does not exist yet); CheckpointError (78) if it cannot be used."""
+        try:
+            entries = list(os.scandir(self.directory))
+        except FileNotFoundError as exc:
+            if os.path.islink(self.directory):  # a symbolic link to nothing: mkdir would fail later
+                raise _unusable(self.directory, OSError(errno.EEXIST, "File exists"), "use") from exc
+            return []
+        except OSError as exc:
+            raise _unusable(self.directory, exc, "read") from None
+        for entry in entries:
+            if files.is_checkpoint_name(entry.name) and not entry.is_file():
+                kind = "a directory" if entry.is_dir() else "a broken symbolic link" if entry.is_symlink() else "not a regular file"
+                raise CheckpointError(
+                    f"{self.directory / entry.name} is named like a checkpoint file but is {kind}: move it out of the "
+                    "checkpoint directory, or choose another directory", exit_code=EXIT_CONFIG)
+        return [entry.name for entry in entries]
+
     def load_latest(self) -> tuple[int, Any] | None:
         """(step, state) of the newest checkpoint that verifies, reporting each one skipped; or None."""
         with self._cond:
             self._wait_idle_locked()  # our own saves first; their errors stay for save()/wait()
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            names = []
-        except OSError as exc:
-            raise CheckpointError(f"cannot read the checkpoint directory {self.directory}: {exc.strerror}") from exc
+        names = self._list()
         data_steps, manifest_steps = files.listed_steps(names)
         for step in sorted(data_steps | manifest_steps, reverse=True):
             if step not in manifest_steps:
@@ -299,6 +447,7 @@ class Checkpointer:
             loaded = self._load(step)
             if loaded is not None:
                 self._log(f"resuming from step {step} ({self.directory / files.data_name(step)})")
+                progress.committed(step)  # what this attempt starts from: the agent compares it after a failure
                 return step, loaded[0]
         self._log(f"no checkpoint in {self.directory}: starting fresh")
         return None
@@ -318,9 +467,9 @@ class Checkpointer:
         """Create the directory and remove what interrupted saves (a killed writer) left behind."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            names = os.listdir(self.directory)
         except OSError as exc:
-            raise CheckpointError(f"cannot use the checkpoint directory {self.directory}: {exc.strerror}") from exc
+            raise _unusable(self.directory, exc, "create") from None
+        names = self._list()  # an entry named like a checkpoint that is no file is refused here, not unlinked
         removed = 0
         for name in files.leftovers(names):
             with contextlib.suppress(FileNotFoundError):
@@ -340,6 +489,7 @@ class Checkpointer:
         error = None
         try:
             self._write(job)
+            progress.committed(job.step)
         except BaseException as exc:
             error = self._failure(job, exc)
             self._log(str(error))
@@ -362,9 +512,35 @@ class Checkpointer:
     def _failure(self, job: _Job, exc: BaseException) -> CheckpointError:
         cause = job.os_error or _find_os_error(exc)
         reason = (cause.strerror or str(cause)) if cause is not None else f"{type(exc).__name__}: {exc}"
-        error = CheckpointError(f"could not save checkpoint step {job.step} in {self.directory} ({files.data_name(job.step)}): {reason}")
+        message = f"could not save checkpoint step {job.step} in {self.directory} ({files.data_name(job.step)}): {reason}"
+        code = 1
+        if cause is not None and cause.errno in NO_SPACE | NO_PERMISSION:
+            # Every retry would fail the same way: say what a new run would start from, checked now.
+            code = EXIT_CANTCREAT
+            fix = "free space there" if cause.errno in NO_SPACE else "make it writable for this user"
+            message += f"; {self._intact(job.step)}; {fix} (or use another directory), then run the job again"
+        error = CheckpointError(message, exit_code=code)
         error.__cause__ = cause or exc
         return error
+
+    def _intact(self, failed_step: int) -> str:
+        """Which earlier checkpoint a new run would resume from, verified (size and sha256) now."""
+        try:
+            _, manifest_steps = files.listed_steps(os.listdir(self.directory))
+        except OSError as exc:
+            return f"the directory cannot be listed to check the earlier checkpoints ({exc.strerror})"
+        damaged = 0
+        for step in sorted(manifest_steps - {failed_step}, reverse=True):
+            try:
+                files.open_verified(self.directory, step).close()
+            except files.Damaged:
+                damaged += 1
+                continue
+            skipped = f" ({damaged} newer one(s) damaged)" if damaged else ""
+            return f"the checkpoint of step {step} is intact (verified){skipped}: a new run resumes from it"
+        if damaged:
+            return f"none of the {damaged} earlier checkpoint(s) verifies: a new run starts from the beginning"
+        return "there is no earlier checkpoint: a new run starts from the beginning"
 
     def _write(self, job: _Job) -> None:
         """Data to a temporary file, fsync, rename, fsync the directory; then the manifest the same way."""
@@ -398,14 +574,15 @@ class Checkpointer:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{files.data_name(job.step)}.", suffix=files.TEMP_SUFFIX)
         writer = None
         try:
-            with open(fd, "wb") as f:
+            with open(fd, "wb") as f, _HashingWriter(f) as writer:
                 make_shareable(f.fileno())
-                writer = _HashingWriter(f)
                 torch.save(job.state, writer)
                 failpoints.hit("checkpoint-write", job.step, directory)
-                f.flush()
+                writer.flush()
+                writer.stop(abort=False)  # the hashing thread reads the tail while fsync runs
                 os.fsync(f.fileno())
                 size = os.fstat(f.fileno()).st_size
+                digest = writer.hexdigest()
             if size != writer.size:
                 raise OSError(errno.EIO, f"wrote {writer.size} bytes but the file holds {size}")
         except BaseException:
@@ -414,7 +591,7 @@ class Checkpointer:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        return tmp, size, writer.hexdigest()
+        return tmp, size, digest
 
     def _retain(self, newest: int) -> None:
         try:
@@ -444,6 +621,8 @@ class Checkpointer:
                 return (files.torch_load(f),)
             except Exception as exc:
                 # Not damage (the bytes are those written) but a mismatch with this environment.
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 raise CheckpointError(
-                    f"{f.name} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {exc}"
+                    f"{f.name} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {first}",
+                    exit_code=EXIT_CONFIG,
                 ) from exc

@@ -56,6 +56,11 @@ def listed_steps(names: list[str]) -> tuple[set[int], set[int]]:
     return data, manifests
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """A name this module writes: a canonical data file or manifest, or a temporary file of a save."""
+    return bool(_NAME.fullmatch(name)) or (name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX))
+
+
 def leftovers(names: list[str]) -> list[str]:
     """What interrupted saves left among `names`: temporary files, then data without a manifest."""
     data_steps, manifest_steps = listed_steps(names)

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from trainpod.environments.base import ClusterEnvironment, Discovery
 from trainpod.environments.pai import PAIEnvironment
 from trainpod.environments.single import SingleNodeEnvironment
+from trainpod.environments.slurm import SlurmEnvironment
 from trainpod.environments.torchrun import TorchrunEnvironment
 from trainpod.settings import Choice, Setting
 
 # Order matters: the first whose detect() is true wins; single node always detects, so it is last.
 REGISTRY: dict[str, type[ClusterEnvironment]] = {
-    cls.name: cls for cls in (PAIEnvironment, TorchrunEnvironment, SingleNodeEnvironment)
+    cls.name: cls for cls in (PAIEnvironment, SlurmEnvironment, TorchrunEnvironment, SingleNodeEnvironment)
 }
 
 SOURCE = Setting(
@@ -35,9 +36,19 @@ def select(env: Mapping[str, str], forced: str | None = None) -> type[ClusterEnv
     return next(cls for cls in REGISTRY.values() if cls.detect(env))
 
 
+def ignored_sources(env: Mapping[str, str], chosen: type[ClusterEnvironment]) -> list[str]:
+    """'torchrun: MASTER_ADDR, NNODES' for each other source whose variables are set too."""
+    ignored = []
+    for cls in REGISTRY.values():
+        names = cls.present(env) if cls is not chosen else []
+        if names:
+            ignored.append(f"{cls.name}'s {', '.join(names)}")
+    return ignored
+
+
 def settings() -> list:
     """Every source's own settings, in registry order."""
     return [setting for cls in REGISTRY.values() for setting in cls.settings]
 
 
-__all__ = ["REGISTRY", "SOURCE", "ClusterEnvironment", "Discovery", "select", "settings"]
+__all__ = ["REGISTRY", "SOURCE", "ClusterEnvironment", "Discovery", "ignored_sources", "select", "settings"]

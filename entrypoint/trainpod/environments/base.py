@@ -56,6 +56,11 @@ class ClusterEnvironment(abc.ABC):
     def detect(env: Mapping[str, str]) -> bool:
         """True when `env` looks like this cluster type. Reads the mapping only."""
 
+    @staticmethod
+    def present(env: Mapping[str, str]) -> list[str]:
+        """The variables of this source that are set in `env` (for the warning when another source wins)."""
+        return []
+
     @abc.abstractmethod
     def discover(self) -> Discovery:
         """This node's place in the job; raises ConfigError on a bad environment."""

@@ -44,6 +44,10 @@ class PAIEnvironment(ClusterEnvironment):
     def detect(env: Mapping[str, str]) -> bool:
         return bool(env.get("PAI_CURRENT_TASK_ROLE_NAME", "").strip())
 
+    @staticmethod
+    def present(env: Mapping[str, str]) -> list[str]:
+        return ["PAI_CURRENT_TASK_ROLE_NAME"] if PAIEnvironment.detect(env) else []
+
     def discover(self) -> Discovery:
         role = self.env.get("PAI_CURRENT_TASK_ROLE_NAME", "").strip()
         if not role:  # chosen with --source pai / TRAINPOD_SOURCE=pai, outside an OpenPAI task

@@ -52,6 +52,19 @@ def _parse_nproc(value: str, origin: str) -> int | None:
     return parse_int(value, origin, minimum=1, maximum=MAX_NPROC)
 
 
+def _disagreements(env: Mapping[str, str]) -> tuple[str, ...]:
+    """One warning when a PET_* variable and its plain twin are both set and differ (PET_* wins)."""
+    pairs = [(pet, plain) for pet, plain in zip(NNODES_VARS[:1] + NODE_RANK_VARS[:1] + MASTER_ADDR_VARS[:1] + MASTER_PORT_VARS[:1],
+                                                NNODES_VARS[1:] + NODE_RANK_VARS[1:] + MASTER_ADDR_VARS[1:] + MASTER_PORT_VARS[1:])]
+    differ = [(pet, plain) for pet, plain in pairs
+              if env.get(pet, "").strip() and env.get(plain, "").strip() and env[pet].strip() != env[plain].strip()]
+    if not differ:
+        return ()
+    used = ", ".join(f"{pet}={env[pet].strip()!r}" for pet, _ in differ)
+    ignored = ", ".join(f"{plain}={env[plain].strip()!r}" for _, plain in differ)
+    return (f"PET_* and plain variables disagree: using torchrun's {used}; ignoring {ignored}",)
+
+
 class TorchrunEnvironment(ClusterEnvironment):
     name = "torchrun"
     description = "torchrun/Kubeflow variables (PET_*, MASTER_ADDR, NNODES, NODE_RANK, WORLD_SIZE/RANK)"
@@ -61,6 +74,13 @@ class TorchrunEnvironment(ClusterEnvironment):
         if any(env.get(name, "").strip() for name in DETECT_VARS):
             return True
         return "WORLD_SIZE" in env and "RANK" in env and "LOCAL_RANK" not in env
+
+    @staticmethod
+    def present(env: Mapping[str, str]) -> list[str]:
+        names = [name for name in DETECT_VARS if env.get(name, "").strip()]
+        if not names and TorchrunEnvironment.detect(env):
+            names = ["WORLD_SIZE", "RANK"]
+        return names
 
     def discover(self) -> Discovery:
         env = self.env
@@ -115,6 +135,7 @@ class TorchrunEnvironment(ClusterEnvironment):
             origins["nproc_per_node"] = nproc_var
 
         return Discovery(
+            warnings=_disagreements(env),
             nnodes=nnodes,
             nproc_per_node=nproc,
             node_rank=node_rank,

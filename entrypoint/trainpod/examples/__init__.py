@@ -8,6 +8,7 @@ trainpod.examples.harness) plus its line here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -23,7 +24,23 @@ class Example:
     gpus: int = 0  # GPUs per node it wants on a GPU cluster (0: any; it runs on the CPU too)
     backend: str | None = None  # None: nccl with GPUs, gloo without
     flavor: str = "cpu"  # the smallest image flavour that runs it (cuda-apex for Apex's kernels)
-    shm_mib: int = 512  # /dev/shm it needs: DataLoader workers pass batches through it
+    shm_mib: int = 512  # /dev/shm it needs with DataLoader workers: they pass batches through it
+    loader_workers: bool = False  # whether it starts DataLoader workers unless told --workers 0
+    needs: tuple[str, ...] = ("numpy",)  # what it imports besides torch (import names): preflight checks them
+
+    def uses_loader_workers(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> bool:
+        """Whether a run with these example flags (and TRAINPOD_WORKERS) starts DataLoader workers."""
+        workers = None
+        for i, arg in enumerate(args):
+            if arg == "--workers" and i + 1 < len(args):
+                workers = args[i + 1]
+            elif arg.startswith("--workers="):
+                workers = arg.split("=", 1)[1]
+        if workers is None and env:
+            workers = env.get("TRAINPOD_WORKERS", "").strip() or None
+        if workers is None:
+            return self.loader_workers
+        return workers.strip() not in ("0", "+0")  # a bad value is the example's to report
 
 
 EXAMPLES: dict[str, Example] = {
@@ -54,6 +71,8 @@ EXAMPLES: dict[str, Example] = {
             "ImageNet ResNet-50 DDP: JPEGs (ImageFolder) decoded with Pillow in DataLoader workers, else synthetic",
             gpus=8,
             shm_mib=8192,
+            loader_workers=True,
+            needs=("numpy", "PIL"),
         ),
     )
 }

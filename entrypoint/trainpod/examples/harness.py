@@ -21,7 +21,10 @@ and the harness does the rest, the same way for each:
   to the agent (trainpod.progress).
 - checkpoints (--checkpoint-dir, every --checkpoint-every steps): model, optimizer, LR
   schedule, scaler, sampler position, every rank's RNG state; resumed from the newest good one,
-  so a resumed run ends with the same weights as one never interrupted.
+  so a resumed run ends with the same weights as one never interrupted. The directory is checked
+  before the process group forms (an unusable one is 78 on every rank); a save that fails for lack
+  of space or permission stops every rank after the current step with 73 (the Checkpointer's one
+  line says which checkpoint a new run resumes from).
 - SIGTERM: every rank stops after the same step, saves it and exits 143 (trainpod.preemption).
 - evaluation (accuracy on the test set, sharded over the ranks) and metrics: `metrics.json` in
   --output-dir and one `trainpod-metrics:` line: the loss curve, samples/s, world size, the
@@ -33,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -48,8 +52,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainpod import distributed, progress, settings
-from trainpod.checkpoint import Checkpointer
-from trainpod.errors import ConfigError, TrainpodError, invalid
+from trainpod.checkpoint import Checkpointer, CheckpointError
+from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, invalid
 from trainpod.examples import precision, reporting
 from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
 from trainpod.rng import rng_state, set_rng_state
@@ -147,8 +151,6 @@ def lr_schedule(total_steps: int) -> Callable[[int], float]:
 def seed_everything(seed: int, device: torch.device) -> None:
     # The same seed on every rank: identical initial weights, and the same run gives the same
     # weights again (which resuming from a checkpoint relies on).
-    import random
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -251,6 +253,27 @@ class TrainState:
     def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int, say):
         self.recipe, self.checkpointer, self.stateful = recipe, checkpointer, stateful
         self.sampler, self.rank, self.say = sampler, rank, say
+        self.fatal: CheckpointError | None = None  # rank 0: a save that no retry can fix, raised by the Checkpointer
+
+    def failed(self) -> int:
+        """Rank 0: the exit code (73) of a save that cannot succeed, as soon as it failed; else 0.
+        Every rank passes it to the per-step stop vote, so all stop after the same step."""
+        if self.fatal is None and self.checkpointer is not None:
+            self.fatal = self.checkpointer.fatal
+        return self.fatal.exit_code if self.fatal is not None else 0
+
+    def _keep_fatal(self, call) -> None:
+        try:
+            call()
+        except CheckpointError as error:
+            if error.exit_code != EXIT_CANTCREAT:
+                raise
+            self.fatal = error  # already said in one line by the Checkpointer; the vote stops every rank
+
+    def close(self) -> None:
+        """Every save durable (rank 0); a save that cannot succeed is kept for failed(), not raised."""
+        if self.checkpointer is not None:
+            self._keep_fatal(self.checkpointer.close)
 
     def resume(self) -> tuple[int, list]:
         """(step, loss curve) of the newest good checkpoint, its state restored; (0, []) without one."""
@@ -280,9 +303,10 @@ class TrainState:
         """Every rank's RNG state goes into rank 0's checkpoint: a collective, so every rank calls this."""
         rngs: list = [None] * dist.get_world_size()
         dist.all_gather_object(rngs, rng_state())
-        if self.rank == 0:
+        if self.rank == 0 and self.fatal is None:
             state = {name: obj.state_dict() for name, obj in self.stateful.items()}
-            self.checkpointer.save(step, {**state, "sampler": self.sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve})
+            self._keep_fatal(lambda: self.checkpointer.save(
+                step, {**state, "sampler": self.sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve}))
 
 
 @torch.no_grad()
@@ -319,6 +343,11 @@ def main(recipe: Recipe, argv: list[str] | None = None) -> int:
 def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
     rank = int(os.environ.get("RANK", "0"))
     bar = reporting.Progress(total_steps=0, epochs=args.epochs, enabled=rank == 0)
+    checkpointer = Checkpointer(args.checkpoint_dir, keep=args.keep) if args.checkpoint_dir else None
+    if checkpointer:
+        # First, before the data and the process group: an unusable directory (78) or a full disk
+        # (73) ends every rank here, and none is left waiting in init_process_group for a peer.
+        checkpointer.check(write=rank == 0)
     device = device_for(recipe, args.backend)
     path = precision.choose(args.amp, getattr(args, "apex", None), device, dtype=args.amp_dtype,
                             origin=args.origins.get("apex", ""))
@@ -350,7 +379,6 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
         scaler = path.grad_scaler()
         stateful = {"model": unwrap(model), "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-        checkpointer = Checkpointer(args.checkpoint_dir, keep=args.keep) if args.checkpoint_dir else None
         state = TrainState(recipe, checkpointer, stateful, sampler, rank, bar.print)
         step, loss_curve = state.resume()
         first_epoch = sampler.state_dict()["epoch"] if step else 1
@@ -400,23 +428,30 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
                 checkpoint_step = checkpointer is not None and step % args.checkpoint_every == 0
                 if checkpoint_step:
                     state.save(step, loss_curve)
-                if preemption.should_stop():  # a collective too: after every step, on every rank
+                # A collective too, after every step on every rank: a SIGTERM anywhere, or a checkpoint
+                # that cannot be saved (rank 0), stops every rank after this same step.
+                if preemption.should_stop(error=state.failed()):
+                    if preemption.error:  # the Checkpointer's line said why and what a new run resumes from
+                        distributed.shutdown()
+                        return preemption.error
                     if checkpointer:
                         if not checkpoint_step:
                             state.save(step, loss_curve)
-                        checkpointer.close()  # durable before any rank exits
+                        state.close()  # durable before any rank exits
                         saved = f"checkpoint of step {step} saved"
                     else:
                         saved = "no --checkpoint-dir: nothing saved"
                     bar.print(f"{recipe.name}: stopped by SIGTERM at step {step}; {saved}")
                     distributed.shutdown()
-                    return EXIT_CODE
+                    return state.failed() or EXIT_CODE
                 if step >= total_steps:
                     break
         sync(device)
         train_s = time.time() - training_started
-        if checkpointer:
-            checkpointer.close()  # every save durable before the job reports success
+        state.close()  # every save durable before the job reports success
+        if preemption.should_stop(error=state.failed()) and preemption.error:  # the last save failed: every rank stops
+            distributed.shutdown()
+            return preemption.error
         bar.close()
 
         sync_buffers(unwrap(model))

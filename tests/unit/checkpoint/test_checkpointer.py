@@ -1,5 +1,6 @@
 """The Checkpointer: saves in the background, in order, keep K, one-line errors, kills and exits."""
 
+import errno
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +20,21 @@ torch = pytest.importorskip("torch")
 
 from fixtures.checkpoints import data_name, load, manifest_name, save_steps  # noqa: E402
 from fixtures.states import assert_same, training_state  # noqa: E402
+from trainpod import checkpoint, progress  # noqa: E402
 from trainpod.checkpoint import Checkpointer, CheckpointError  # noqa: E402
+
+ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")
+BLOCK = checkpoint._HASH_BLOCK  # what the hashing thread reads at a time
+
+
+def hashing_threads():
+    return [thread for thread in threading.enumerate() if thread.name == "trainpod-checkpoint-hash"]
+
+
+def assert_manifest_matches(directory, step):
+    manifest = json.loads((directory / manifest_name(step)).read_text())
+    data = (directory / data_name(step)).read_bytes()
+    assert (manifest["size"], manifest["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
 
 
 def unavailable(reason):
@@ -108,20 +124,93 @@ def test_save_checks_its_arguments_and_refuses_after_close(tmp_path):
         ckpt.save(1, {})
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs: a full disk on demand (needs root or CAP_SYS_ADMIN)."""
+# --- the sha256, hashed by a thread that reads the file back behind the write ---------------------
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK - 4000, 3 * BLOCK + 4000])
+def test_the_sha256_covers_every_byte_whatever_the_chunk_sizes(tmp_path, nbytes):
+    generator = torch.Generator().manual_seed(nbytes)
+    # torch.save writes each tensor's bytes as one chunk, between small headers.
+    state = {"a": torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator), "b": torch.arange(BLOCK // 8 + 3)}
+    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
+        ckpt.save(1, state)
+        ckpt.wait()
+        assert not hashing_threads()
+    assert_manifest_matches(tmp_path, 1)
+    (step, loaded), _ = load(tmp_path)
+    assert step == 1 and torch.equal(loaded["a"], state["a"]) and torch.equal(loaded["b"], state["b"])
+
+
+def test_the_sha256_is_of_the_bytes_in_the_file_though_the_writer_reuses_its_buffer(tmp_path, monkeypatch):
+    def save_through_one_buffer(state, f):
+        buffer = bytearray(BLOCK + 5)
+        for fill in range(4):
+            buffer[:] = bytes([fill]) * len(buffer)
+            f.write(buffer)
+            buffer[:] = b"\xff" * len(buffer)  # changed as soon as write() returns, before it is hashed
+        f.flush()
+
+    monkeypatch.setattr(torch, "save", save_through_one_buffer)
+    with Checkpointer(tmp_path, log=lambda line: None) as ckpt:
+        ckpt.save(1, {})
+    assert (tmp_path / data_name(1)).read_bytes() == b"".join(bytes([fill]) * (BLOCK + 5) for fill in range(4))
+    assert_manifest_matches(tmp_path, 1)
+
+
+@pytest.mark.parametrize("failure", ["error", "short"])
+def test_a_failed_read_of_the_hashing_thread_fails_the_save_and_stops_it(tmp_path, monkeypatch, failure):
+    preadv, reads = os.preadv, []
+
+    def failing_preadv(fd, buffers, offset):
+        reads.append(offset)
+        if len(reads) < 2:  # the first block hashes; the second read fails
+            return preadv(fd, buffers, offset)
+        if failure == "short":
+            return 0
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    ckpt = Checkpointer(tmp_path, log=lambda line: None)
+    ckpt.save(1, {"w": torch.ones(10)})
+    ckpt.wait()
+    monkeypatch.setattr(os, "preadv", failing_preadv)
+    ckpt.save(2, {"w": torch.ones(3 * BLOCK // 4)})  # 3 blocks
+    with pytest.raises(CheckpointError) as raised:
+        ckpt.wait()
+    monkeypatch.undo()
+    reason = "Input/output error" if failure == "error" else f"the file ends at {BLOCK} bytes, "
+    assert str(raised.value).startswith(f"could not save checkpoint step 2 in {tmp_path} ({data_name(2)}): {reason}")
+    assert len(reads) == 2 and not hashing_threads()
+    assert sorted(os.listdir(tmp_path)) == sorted([data_name(1), manifest_name(1)])  # no temporary file left
+    ckpt.save(3, {"w": torch.ones(BLOCK)})
+    ckpt.close()
+    assert_manifest_matches(tmp_path, 3)
+
+
+def tmpfs(tmp_path, options):
+    """A tmpfs mounted with `options` (needs root or CAP_SYS_ADMIN), unmounted afterwards."""
     if sys.platform != "linux" or not shutil.which("mount"):
         unavailable("no Linux mount(8) to make a small tmpfs")
-    mountpoint = tmp_path / "small"
+    mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)], capture_output=True, text=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint)], capture_output=True, text=True)
     if result.returncode != 0:
-        unavailable(f"cannot mount a tmpfs ({result.stderr.strip() or result.returncode}): the full-disk test needs root")
+        unavailable(f"cannot mount a tmpfs ({result.stderr.strip() or result.returncode}): the test needs root")
     try:
         yield mountpoint
     finally:
         subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a full disk on demand."""
+    yield from tmpfs(tmp_path, "size=2m")
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A read-only file system (EROFS: refused even to root)."""
+    yield from tmpfs(tmp_path, "ro,size=1m")
 
 
 def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk):
@@ -129,14 +218,109 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk)
     ckpt.save(1, {"w": torch.ones(10_000)})
     ckpt.wait()
     ckpt.save(2, {"w": torch.ones(1_000_000)})  # 4 MB into 2 MiB
+    deadline = time.monotonic() + 30
+    while ckpt.fatal is None:  # seen as soon as the write failed, without a call that raises it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert ckpt.fatal.exit_code == 73
     with pytest.raises(CheckpointError) as raised:
         ckpt.wait()
-    assert "No space left on device" in str(raised.value) and str(small_disk) in str(raised.value)
+    assert ckpt.fatal is None  # raised once
+    message = str(raised.value)
+    assert raised.value.exit_code == 73 and "\n" not in message
+    assert "No space left on device" in message and str(small_disk) in message
+    assert "the checkpoint of step 1 is intact (verified): a new run resumes from it; free space there" in message
     assert sorted(os.listdir(small_disk)) == sorted([data_name(1), manifest_name(1)])  # no temporary file left
     (step, state), _ = load(small_disk)
     assert step == 1 and torch.equal(state["w"], torch.ones(10_000))
     ckpt.save(3, {"w": torch.ones(10)})  # the space came back with the removed temporary file
     ckpt.close()
+
+
+def test_a_full_disk_names_a_damaged_previous_checkpoint(small_disk):
+    with Checkpointer(small_disk, log=lambda line: None) as ckpt:
+        ckpt.save(1, {"w": torch.ones(10_000)})
+    (small_disk / data_name(1)).write_bytes(b"damaged")
+    ckpt = Checkpointer(small_disk, log=lambda line: None)
+    ckpt.save(2, {"w": torch.ones(1_000_000)})
+    with pytest.raises(CheckpointError, match="none of the 1 earlier checkpoint.s. verifies: a new run starts from the beginning"):
+        ckpt.close()
+
+
+# --- directories that cannot be used: 78, before training ----------------------------------------
+
+
+def unusable(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("nowhere", tmp_path / "dangling")
+    (tmp_path / "named" / data_name(10)).mkdir(parents=True)
+    (tmp_path / "temp" / f".{data_name(3)}.x.tmp").mkdir(parents=True)
+    return {
+        "a-file": "is not a directory (it, or a folder on its path, is a file)",
+        "a-file/sub": "is not a directory",
+        "loop": "is a symbolic link loop",
+        "dangling": "exists but is not a directory (a file or a broken symbolic link)",
+        "named": f"named/{data_name(10)} is named like a checkpoint file but is a directory",
+        "temp": "is named like a checkpoint file but is a directory",
+    }
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_an_unusable_directory_is_a_configuration_error(tmp_path, write):
+    for name, says in unusable(tmp_path).items():
+        ckpt = Checkpointer(tmp_path / name, log=lambda line: None)
+        for call in ((lambda c=ckpt: c.check(write=write)), ckpt.load_latest):
+            with pytest.raises(CheckpointError) as raised:
+                call()
+            assert raised.value.exit_code == 78, name
+            assert says in str(raised.value) and "\n" not in str(raised.value)
+    assert sorted(os.listdir(tmp_path / "named")) == [data_name(10)]  # nothing was removed
+
+
+def test_the_first_save_refuses_a_directory_named_like_a_checkpoint(tmp_path):
+    (tmp_path / data_name(4)).mkdir()  # a leftover data file without manifest, were it a file: it would be removed
+    ckpt = Checkpointer(tmp_path, log=lambda line: None)
+    with pytest.raises(CheckpointError, match="named like a checkpoint file but is a directory") as raised:
+        ckpt.save(5, {"v": 1})
+    assert raised.value.exit_code == 78 and (tmp_path / data_name(4)).is_dir()
+
+
+def test_a_read_only_directory_is_refused_by_the_writer_only(read_only):
+    Checkpointer(read_only).check(write=False)  # a rank that only loads: fine
+    assert Checkpointer(read_only, log=lambda line: None).load_latest() is None
+    with pytest.raises(CheckpointError, match=rf"cannot write in the checkpoint directory {read_only}: Read-only file system") as raised:
+        Checkpointer(read_only).check(write=True)
+    assert raised.value.exit_code == 78
+    with pytest.raises(CheckpointError, match="cannot create the checkpoint directory") as raised:
+        Checkpointer(read_only / "sub").check(write=True)
+    assert raised.value.exit_code == 78
+
+
+def test_a_save_into_a_read_only_directory_is_73(read_only):
+    ckpt = Checkpointer(read_only, log=lambda line: None)
+    ckpt.save(1, {"v": 1})  # without check(): the writer thread meets EROFS
+    with pytest.raises(CheckpointError, match="Read-only file system; there is no earlier checkpoint") as raised:
+        ckpt.close()
+    assert raised.value.exit_code == 73 and "make it writable for this user" in str(raised.value)
+
+
+def test_check_creates_a_missing_directory_and_leaves_nothing_behind(tmp_path):
+    Checkpointer(tmp_path / "new" / "dir").check()
+    assert os.listdir(tmp_path / "new" / "dir") == []
+
+
+def test_commits_and_the_resumed_step_are_reported_as_progress(tmp_path, monkeypatch):
+    monkeypatch.setenv(progress.DIR_VAR, str(tmp_path / "progress"))
+    (tmp_path / "progress").mkdir()
+    monkeypatch.setattr(progress, "_reporter", progress._Reporter())  # opens the file under this variable
+    with Checkpointer(tmp_path / "ckpt", log=lambda line: None) as ckpt:
+        ckpt.save(4, {"v": 4})
+        ckpt.wait()
+        assert progress.read(tmp_path / "progress")[0].committed == 4
+    monkeypatch.setattr(progress, "_reporter", progress._Reporter())  # a restarted rank
+    assert Checkpointer(tmp_path / "ckpt", log=lambda line: None).load_latest()[0] == 4
+    assert progress.read(tmp_path / "progress")[0].committed == 4
 
 
 # --- kills and exits: child processes -------------------------------------------------------------
@@ -145,7 +329,7 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(small_disk)
 # loop until it is killed, "exit DIR" saves and ends the interpreter without wait(), "fsize DIR"
 # saves under a file size limit (RLIMIT_FSIZE: a real write error without root).
 ZYGOTE = r"""
-import os, resource, signal, sys
+import os, resource, signal, sys, threading
 import torch
 from trainpod.checkpoint import Checkpointer, CheckpointError
 
@@ -171,15 +355,16 @@ def exit_without_wait(directory):
 
 def file_too_large(directory):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (9 << 20, 9 << 20))
     ckpt = Checkpointer(directory, log=lambda line: print("log", line, flush=True))
-    ckpt.save(1, {"w": torch.ones(1_000_000)})  # 4 MB past a 1 MiB limit
+    ckpt.save(1, {"w": torch.ones(4_000_000)})  # 16 MB past a 9 MiB limit: after two hashed blocks
     for call in (ckpt.wait, ckpt.wait, lambda: ckpt.save(2, {"w": torch.ones(10)}), ckpt.close):
         try:
             call()
             print("ok", flush=True)
         except CheckpointError as exc:
             print("raised", exc, flush=True)
+    print("threads", " ".join(sorted(thread.name for thread in threading.enumerate())), flush=True)
     sys.exit(0)
 
 for line in sys.stdin:
@@ -195,7 +380,9 @@ for line in sys.stdin:
 
 class Zygote:
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        env = {**os.environ, "PYTHONPATH": ENTRYPOINT}  # this checkout's trainpod, whichever is installed
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     env=env)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -282,7 +469,8 @@ def test_a_write_error_is_raised_once_naming_the_os_error(tmp_path, zygote):
     *lines, reaped = [line for line in zygote.lines_until("reaped") if not line.startswith("pid ")]
     status = int(reaped.split()[1])
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    error = f"could not save checkpoint step 1 in {tmp_path} ({data_name(1)}): File too large"
+    error = (f"could not save checkpoint step 1 in {tmp_path} ({data_name(1)}): File too large; there is no earlier "
+             "checkpoint: a new run starts from the beginning; free space there (or use another directory), then run the job again")
     # torch.save re-wraps the failed write in its own RuntimeError; the OS error is what is reported.
-    assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok"]
+    assert lines == [f"log {error}", f"raised {error}", "ok", "ok", "ok", "threads MainThread"]  # no thread left behind
     assert sorted(os.listdir(tmp_path)) == sorted([data_name(2), manifest_name(2)])  # no temporary file left

@@ -112,3 +112,11 @@ def test_missing_node_rank_on_a_multi_node_job():
 def test_missing_master_on_a_multi_node_job():
     e = error({"NNODES": "2", "NODE_RANK": "1"})
     assert e.exit_code == 78 and "MASTER_ADDR" in str(e)
+
+
+def test_pet_and_plain_variables_that_disagree_are_one_warning():
+    env = {**KUBEFLOW_TRAINER, "MASTER_ADDR": "other-master", "NODE_RANK": "0", "NNODES": "2"}  # NNODES agrees
+    (warning,) = discover(env).warnings
+    assert warning == ("PET_* and plain variables disagree: using torchrun's PET_NODE_RANK='1', PET_MASTER_ADDR='mnist-node-0-0.mnist'; "
+                       "ignoring NODE_RANK='0', MASTER_ADDR='other-master'")
+    assert discover({**KUBEFLOW_TRAINER, "MASTER_ADDR": "mnist-node-0-0.mnist"}).warnings == ()

@@ -1,7 +1,11 @@
 """The examples' shared harness: options, the LR schedule, the checkpointed state, errors as one line."""
 
 import math
+import os
+import re
+import shutil
 import signal
+import subprocess
 
 import pytest
 
@@ -152,3 +156,43 @@ def test_recipes_change_common_defaults_only_for_themselves():
     assert harness.parse_options(cifar10_amp.RECIPE, [], env={}).amp is True
     assert harness.parse_options(cifar10_dp.RECIPE, [], env={}).batch_size == 128
     assert harness.parse_options(cifar10.RECIPE, [], env={}).batch_size == 64
+
+
+# --- checkpoints that cannot be used: one line, never a traceback ---
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda d: d.write_text("x"), "is not a directory"),
+    (lambda d: os.symlink(d.name, d), "is a symbolic link loop"),
+    (lambda d: (d / "ckpt-00000010.pt").mkdir(parents=True), "is named like a checkpoint file but is a directory"),
+])
+def test_an_unusable_checkpoint_directory_ends_the_example_with_78_before_training(tmp_path, capsys, make, says):
+    directory = tmp_path / "ckpt"
+    make(directory)
+    assert cifar10.main(["--checkpoint-dir", str(directory), "--output-dir", str(tmp_path)]) == 78
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cifar10-ddp: error: ") and says in err
+
+
+def test_a_full_disk_stops_the_example_at_once_with_73_and_one_line(tmp_path, capfd):
+    if not shutil.which("mount"):
+        pytest.skip("no mount(8)")
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        # A checkpoint is about 220 kB: steps 2 and 4 fit, step 6 does not; the run would go on to step 40.
+        code = cifar10.main(["--checkpoint-dir", str(small / "ckpt"), "--checkpoint-every", "2", "--max-steps", "40",
+                             "--batch-size", "8", "--synthetic-samples", "512", "--log-every", "1", "--output-dir", str(tmp_path)])
+        names = sorted(os.listdir(small / "ckpt"))
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    out, err = capfd.readouterr()
+    assert code == 73, err
+    failures = [line for line in err.splitlines() if "could not save" in line]
+    assert len(failures) == 1 and "Traceback" not in err, err
+    assert "No space left on device; the checkpoint of step 4 is intact (verified): a new run resumes from it" in failures[0]
+    steps = [int(m) for m in re.findall(r"step (\d+)/", out + err)]
+    assert max(steps) <= 8, steps  # stopped within a step or two of the failed save, not at the next save
+    assert names == ["ckpt-00000002.json", "ckpt-00000002.pt", "ckpt-00000004.json", "ckpt-00000004.pt"]

@@ -1,0 +1,252 @@
+"""What trainpod's agent does when a rank fails or a node stops: a mixin for torch's LocalElasticAgent.
+
+trainpod.agent builds `class Agent(AgentPolicy, LocalElasticAgent)`. This module holds the policy;
+agent.py the plumbing (logs, exit codes). Per failed worker group, in order:
+
+1. another node ended the job (trainpod.control's stop key): stop this node's ranks with SIGTERM,
+   exit with that node's code (143 after its SIGTERM), restart nothing;
+2. the master's store stopped answering after the job had started (its agent was killed, not
+   stopped): wait at most --rejoin-timeout for its port, then end with 69 and one line (or, if it
+   answers again, exit 69 so that supervisord starts an agent that joins the new master);
+3. otherwise trainpod.restarts.Budget decides: codes that are never restarted (64, 73, 78, 143),
+   the same failure twice without progress, or a budget of restarts *without progress* spent end
+   the job, and the node that ends it tells the others (the stop key); else torchrun restarts the
+   worker group at once.
+
+And on SIGTERM (docker stop, pre-emption) the agent sets the stop key before it signals its own
+ranks, and node 0, which holds the store, keeps it up until the others saw it.
+
+Every rank is started through trainpod.orphans (it dies with the agent), and reports its progress
+to TRAINPOD_PROGRESS_DIR (set here when the launcher did not: the supervisor's directory, which
+outlives the agent, or a temporary one).
+
+A hung worker group (trainpod.hangwatch, a mixin between this one and torch's agent) reaches the
+policy as a failed one whose code is 124, already explained by the watch's line.
+
+torch's private API used here (checked by trainpod.agent.torch_internals_missing()):
+LocalElasticAgent._monitor_workers(), _invoke_run(), _shutdown(), _remaining_restarts,
+_worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs, and the c10d
+rendezvous handler's `_store`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from trainpod import hangwatch, log, orphans, progress, restarts
+from trainpod.control import JobControl, Stop
+from trainpod.errors import EXIT_UNAVAILABLE
+from trainpod.settings import REJOIN_TIMEOUT
+
+_current: AgentPolicy | None = None
+
+
+def current() -> AgentPolicy | None:
+    """The agent of this process, once torch's launcher built it."""
+    return _current
+
+
+def exit_code(exitcode: int) -> int:
+    """A worker's exit status as a shell reports it: 128 + N after signal N."""
+    return 128 - exitcode if exitcode < 0 else exitcode
+
+
+def describe_exit(exitcode: int) -> str:
+    """'exited with 3', 'was killed by SIGKILL': what a worker's raw status says."""
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with {exitcode}"
+
+
+def describe_failure(failure) -> str:
+    """describe_exit() of a failed worker, or what the hang watch did to it (its code is 124)."""
+    if hangwatch.is_hang(failure):
+        return f"was stopped by the hang watch ({failure.exitcode})"
+    return describe_exit(failure.exitcode)
+
+
+class MasterLost(Exception):
+    """The master's agent went away after the job started; `final`: it did not come back in time."""
+
+    def __init__(self, line: str, final: bool):
+        super().__init__(line)
+        self.final = final
+
+
+def _stopped_exception(code: int, line: str):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    class JobStopped(SignalException):
+        """Another node ended the job: torch's agent stops the ranks as after a SIGTERM."""
+
+    error = JobStopped(line, signal.SIGTERM)
+    error.code = code
+    return error
+
+
+def progress_dir(env=os.environ) -> str:
+    """Where the ranks report (trainpod.progress): inside the supervisor's directory, which outlives an
+    agent (so the listener can read what the ranks last said), else a temporary directory."""
+    supervisor = env.get("TRAINPOD_SUPERVISOR_DIR")
+    if supervisor:
+        path = Path(supervisor, "progress")
+        path.mkdir(exist_ok=True)
+        return str(path)
+    return tempfile.mkdtemp(prefix="trainpod-progress-")
+
+
+class AgentPolicy:
+    """Mixed in before torch's LocalElasticAgent (module docstring)."""
+
+    def __init__(self, spec, *args, **kwargs):
+        global _current
+        super().__init__(spec, *args, **kwargs)
+        _current = self
+        node = log.node_from_env()
+        self._say = log.writer(node)
+        self.node_rank = int(node) if node and node.isdigit() else 0
+        self.nnodes = int(os.environ.get("TRAINPOD_NNODES", "1"))
+        if not os.environ.get(progress.DIR_VAR):
+            os.environ[progress.DIR_VAR] = progress_dir()  # the ranks inherit the agent's environment
+        self._progress_dir = os.environ[progress.DIR_VAR]
+        spec = self._worker_group.spec
+        if isinstance(spec.entrypoint, str):  # a command (torchrun --run-path would give a function)
+            spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
+        self.budget = restarts.budget_from_env(spec.max_restarts)
+        self.rejoin_timeout = REJOIN_TIMEOUT.from_env(os.environ)[0]
+        self.final: restarts.Decision | None = None
+        self.started = False  # the first worker group ran: a lost master is now a lost job
+        self._attempt_started = time.monotonic()
+        self.control: JobControl | None = None
+        if self.nnodes > 1:
+            store = getattr(spec.rdzv_handler, "_store", None)
+            if store is not None:
+                master = (str(getattr(store, "host", "?")), int(getattr(store, "port", 0)))  # a TCPStore's endpoint
+                self.control = JobControl(store, node_rank=self.node_rank, nnodes=self.nnodes, is_host=self.node_rank == 0,
+                                          master=master, committed=lambda: restarts.reported(self._progress_dir)[0],
+                                          say=self._say)
+
+    # --- torch's hooks ---
+
+    def _monitor_workers(self, worker_group):
+        result = super()._monitor_workers(worker_group)
+        self.started = True
+        control = self.control
+        if control is not None:
+            if control.stop is not None and not control.announced:
+                raise self._stopped_by(control.stop)
+            if self.started and control.unreachable_s() >= self.rejoin_timeout:
+                self._master_lost(already_s=control.unreachable_s())
+        if result.is_failed():
+            self._on_failure(result)
+        return result
+
+    def _invoke_run(self, *args, **kwargs):
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        try:
+            return super()._invoke_run(*args, **kwargs)
+        except SignalException as error:
+            if getattr(error, "code", None) is None:  # this node's own SIGTERM: stop the others first
+                code = 128 + int(error.sigval)
+                why = f"node {self.node_rank} received {signal.Signals(error.sigval).name}"
+                self.budget.end(code, why)
+                if self.control is not None:
+                    self.control.announce(code, why)
+            raise
+
+    def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
+        super()._shutdown(death_sig, timeout)
+        if self.control is not None:
+            self.control.wait_seen()  # node 0: the store goes away with this process
+            self.control.close()  # no request to the store in flight when the interpreter exits
+
+    # --- the policy ---
+
+    def _on_failure(self, result) -> None:
+        control = self.control
+        if control is not None:
+            # A fresh look at the store: a node that stopped set the key before its ranks went away,
+            # so the peers' failure that follows finds it (node 0 too, whose thread may not have polled yet).
+            if not control.reachable_now() and control.stop is None:
+                self._master_lost()
+            if control.stop is not None and not control.announced:
+                raise self._stopped_by(control.stop)
+        rank, first = _first_failure(result.failures)
+        code = exit_code(first.exitcode)
+        committed, step = restarts.reported(self._progress_dir)
+        if control is not None:
+            committed = max(committed, control.job_committed)
+        stderr = getattr(self._pcontext, "stderrs", {}).get(first.local_rank) if self._pcontext else None
+        failure = restarts.Failure(code=code, committed=committed, step=step,
+                                   where="hang" if hangwatch.is_hang(first) else restarts.read_where(stderr) if first.exitcode > 0 else "",
+                                   ran_s=time.monotonic() - self._attempt_started, who=f"rank {rank}")
+        for global_rank, each in sorted(result.failures.items()):
+            self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_failure(each)}")
+        decision = self.budget.decide(failure)
+        self._say(("restarting the worker group: " if decision.restart else "") + decision.line)
+        max_restarts = self._worker_group.spec.max_restarts
+        if decision.restart:
+            # torch takes one off, then tells the ranks TORCHELASTIC_RESTART_COUNT = max - remaining:
+            # the restarts without progress so far.
+            self._remaining_restarts = max(1, max_restarts - decision.used + 1)
+            self._attempt_started = time.monotonic()
+            return
+        self._remaining_restarts = 0
+        self.final = decision
+        if control is not None:
+            control.announce(decision.code, decision.line)
+
+    def _stopped_by(self, stop: Stop):
+        line = f"node {stop.node} ended the job ({stop.why}): stopping this node's ranks, exit {stop.code}"
+        self._say(line)
+        self.final = self.budget.end(stop.code, line)
+        return _stopped_exception(stop.code, line)
+
+    def _master_lost(self, already_s: float = 0.0) -> None:
+        """The store (node 0's agent) stopped answering: wait for the master, bounded; raises MasterLost."""
+        host, port = self.control.master if self.control else ("?", 0)
+        wait = max(0.0, self.rejoin_timeout - already_s)
+        self._say(f"the master {host}:{port} stopped answering: waiting up to {wait:g}s for it to come back (--rejoin-timeout)")
+        if self.control is not None and wait > 0 and self.control.wait_for_master(wait):
+            line = f"the master {host}:{port} answers again: this node's agent exits {EXIT_UNAVAILABLE} to join it anew"
+            self._say(line)
+            raise MasterLost(line, final=False)
+        line = (f"error: the master {host}:{port} went away after the job started and did not come back within "
+                f"{self.rejoin_timeout:g}s (--rejoin-timeout): not restarting")
+        self.final = self.budget.end(EXIT_UNAVAILABLE, line)
+        self._say(line)
+        raise MasterLost(line, final=True)
+
+    def rendezvous_failed(self) -> bool:
+        """After torch's RendezvousError: if the job had started and the master is gone, the bounded
+        wait for it (MasterLost) instead of a retry with the full --connect-timeout. False: not that case."""
+        if not self.started or self.control is None or self.control.is_host or self.final is not None:
+            return False
+        try:
+            self._master_lost(already_s=self.control.unreachable_s())
+        except MasterLost:
+            return True
+        return True
+
+
+def _first_failure(failures):
+    """(global rank, failure) that the job's code comes from. Not a rank killed by SIGTERM if another
+    failed otherwise: torch stops the others with SIGTERM as soon as one fails, and lists them too. Then
+    one that exited with a code that is never restarted (a usage or configuration error says more than
+    the peers' lost-connection errors), else the earliest."""
+    def key(item):
+        rank, failure = item
+        collateral = failure.exitcode == -signal.SIGTERM
+        final = failure.exitcode > 0 and exit_code(failure.exitcode) in restarts.NEVER_RESTARTED
+        return (collateral, not final, failure.timestamp, rank)
+
+    return min(failures.items(), key=key)
+

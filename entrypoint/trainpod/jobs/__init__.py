@@ -1,0 +1,133 @@
+"""`trainpod job SCHEDULER NAME`: a bundled example's job file for a scheduler, from the example registry.
+
+One small renderer per scheduler, in a registry: the write-side mirror of environments/ (which
+reads what the scheduler then sets on every node). A new scheduler is one module plus its line in
+REGISTRY; the CLI builds `trainpod job <scheduler>` and its flags from here. The pattern is
+TorchX's: a spec, a printable dry run (the default: print the file, write nothing), then
+`--submit` where trainpod can launch it (slurm: sbatch; ssh: run it on every host).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainpod import settings
+from trainpod.errors import error_for
+from trainpod.examples import EXAMPLES, Example
+from trainpod.jobs.base import JobRequest, Scheduler
+from trainpod.jobs.kubeflow import KubeflowJob
+from trainpod.jobs.openpai import OpenPAIJob
+from trainpod.jobs.slurm import SlurmJob
+from trainpod.jobs.ssh import SSHJob
+from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Integer, Invalid, Setting, Switch
+
+REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob, SSHJob)}
+
+
+@dataclass(frozen=True)
+class JobName:
+    """A name every scheduler takes: Kubernetes' DNS label rules (OpenPAI's and SLURM's are looser),
+    short enough for the pod names the operator derives from it (`<name>-worker-12`)."""
+
+    maximum: int = 40
+
+    def expected(self) -> str:
+        return f"lower-case letters, digits and '-', starting with a letter, at most {self.maximum} characters"
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip()
+        if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", text) or len(text) > self.maximum:
+            raise Invalid(self.expected())
+        return text
+
+
+NODES = Setting("nodes", "nodes (containers, hosts) the job runs on (default: the size the example is meant for)",
+                Integer(1, MAX_NODES), var="TRAINPOD_JOB_NODES")
+GPUS = Setting("gpus", "GPUs per node; 0: a CPU job (default: what the example wants, e.g. 8 for imagenet-ddp)",
+               Integer(0, MAX_NPROC), var="TRAINPOD_JOB_GPUS")
+NPROC_PER_NODE = Setting("nproc_per_node", "processes per node (default: one per GPU, decided on the node; 1 on CPU)",
+                         Integer(1, MAX_NPROC), var="TRAINPOD_JOB_NPROC_PER_NODE")
+BACKEND = Setting("backend", "collective backend (default: decided on the node: nccl with GPUs, else gloo)", Choice(BACKENDS),
+                  var="TRAINPOD_JOB_BACKEND")
+IMAGE = Setting("image", "the image (default: trainpod:<flavour>: cpu, cuda, or the flavour the example needs on GPUs)",
+                var="TRAINPOD_JOB_IMAGE", metavar="IMAGE")
+NAME = Setting("name", "the job's name (default: trainpod-<example>)", JobName(), var="TRAINPOD_JOB_NAME", metavar="NAME")
+CPUS = Setting("cpus", "CPU cores per node (default: 4 per GPU, 4 on CPU)", Integer(1, 100000), var="TRAINPOD_JOB_CPUS")
+MEMORY_MB = Setting("memory_mb", "memory per node in MiB (default: 16384 per GPU, 8192 on CPU)", Integer(256, 100_000_000),
+                    var="TRAINPOD_JOB_MEMORY_MB", metavar="MIB")
+SHM_MB = Setting("shm_mb", "/dev/shm per node in MiB (default: what the example needs, at least 1024)", Integer(64, 100_000_000),
+                 var="TRAINPOD_JOB_SHM_MB", metavar="MIB")
+SUBMIT = Setting("submit", "launch the job instead of printing it (slurm: sbatch; ssh: run it on every host)", Switch(),
+                 var="TRAINPOD_JOB_SUBMIT", default=False)
+SETTINGS = (NODES, GPUS, NPROC_PER_NODE, BACKEND, IMAGE, NAME, CPUS, MEMORY_MB, SHM_MB, settings.TERM_GRACE, SUBMIT)
+
+
+def default_image(example: Example, gpus: int) -> str:
+    if not gpus:
+        return "trainpod:cpu"
+    return f"trainpod:{example.flavor if example.flavor != 'cpu' else 'cuda'}"
+
+
+def _canonical(scheduler: str, example: str, values: settings.Values, own: settings.Values,
+               own_settings: Sequence[Setting], args: Sequence[str]) -> tuple[str, ...]:
+    """The `trainpod job` command line that renders this exact file: every value not left to its default."""
+    argv = ["trainpod", "job", scheduler, example]
+    for setting, source in [(s, values) for s in SETTINGS if s is not SUBMIT] + [(s, own) for s in own_settings]:
+        value = getattr(source, setting.name)
+        if source.origins[setting.name] == "default" or value is None:
+            continue
+        if isinstance(setting.kind, Switch):
+            argv.append(setting.flag)
+        else:
+            text = f"{value:g}" if isinstance(value, float) else ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+            argv += [setting.flag, text]
+    return (*argv, *(("--", *args) if args else ()))
+
+
+def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapping[str, str],
+          args: Sequence[str] = ()) -> tuple[Scheduler, settings.Values]:
+    """The scheduler's renderer for this job, and the common settings (submit among them)."""
+    cls = REGISTRY[scheduler]
+    example = EXAMPLES[example_name]
+    values = settings.resolve(SETTINGS, flags, env)
+    nodes = values.nodes if values.nodes is not None else example.nodes
+    if example.max_nodes and nodes > example.max_nodes:
+        origin = values.origins["nodes"]
+        raise error_for(origin)(f"{origin}={nodes}: the example {example.name} trains on at most {example.max_nodes} node(s) "
+                                "(DataParallel stays in one process); across nodes use cifar10-ddp")
+    gpus = values.gpus if values.gpus is not None else example.gpus
+    if values.backend == "nccl" and not gpus:
+        origin = values.origins["backend"]
+        raise error_for(origin)(f"{origin}=nccl: NCCL needs GPUs; give --gpus N, or use gloo on CPU")
+    nproc = values.nproc_per_node
+    if nproc is not None and example.nproc_per_node and nproc != example.nproc_per_node:
+        origin = values.origins["nproc_per_node"]
+        raise error_for(origin)(f"{origin}={nproc}: the example {example.name} runs {example.nproc_per_node} process(es) per node; "
+                                "leave the flag out")
+    if nproc is not None and gpus and nproc > gpus:
+        origin = values.origins["nproc_per_node"]
+        raise error_for(origin)(f"{origin}={nproc}: more processes than the {gpus} GPU(s) per node")
+    own = settings.resolve(cls.settings, flags, env)
+    request = JobRequest(
+        example=example,
+        nodes=nodes,
+        gpus=gpus,
+        nproc_per_node=nproc,
+        backend=values.backend,
+        image=values.image or default_image(example, gpus),
+        name=values.name or f"trainpod-{example.name}",
+        cpus=values.cpus or (4 * gpus if gpus else 4),
+        memory_mb=values.memory_mb or (16384 * gpus if gpus else 8192),
+        shm_mb=values.shm_mb or max(1024, example.shm_mib),
+        term_grace=values.term_grace,
+        args=tuple(args),
+        command_line=_canonical(scheduler, example.name, values, own, cls.settings, args),
+        origins=dict(values.origins),
+    )
+    return cls(request, flags, env), values
+
+
+__all__ = ["REGISTRY", "SETTINGS", "JobRequest", "Scheduler", "build", "default_image"]

@@ -1,0 +1,131 @@
+"""What every job renderer gets (a JobRequest) and provides (render, and submit where it can).
+
+The write-side mirror of environments/: an environment reads a scheduler's variables on a node;
+a renderer writes the job file that makes the scheduler set them. Both are one small class per
+scheduler with its own settings, in a registry.
+"""
+
+from __future__ import annotations
+
+import abc
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from trainpod.errors import UsageError
+from trainpod.examples import Example
+from trainpod.settings import TERM_GRACE, Setting, Values, resolve
+from trainpod.supervise import stop_wait_s
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job of a bundled example, as `trainpod job` was asked for it; every renderer writes this."""
+
+    example: Example
+    nodes: int
+    gpus: int  # per node; 0: CPU
+    nproc_per_node: int | None  # None: decided on the node (one per visible GPU)
+    backend: str | None  # None: decided on the node (nccl with GPUs, else gloo)
+    image: str
+    name: str
+    cpus: int  # per node
+    memory_mb: int  # per node
+    shm_mb: int
+    term_grace: float
+    args: tuple[str, ...] = ()  # the example's own flags (after --)
+    command_line: tuple[str, ...] = ()  # the `trainpod job ...` argv that asked for it, for the file's header
+    origins: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def processes_per_node(self) -> int:
+        """How many ranks each node will run: what `trainpod run` resolves on the node."""
+        if self.example.nproc_per_node:
+            return self.example.nproc_per_node
+        if self.nproc_per_node:
+            return self.nproc_per_node
+        return self.gpus or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def effective_backend(self) -> str:
+        return self.backend or ("nccl" if self.gpus else "gloo")
+
+    @property
+    def stop_grace_s(self) -> int:
+        """Seconds a node needs to stop after SIGTERM: the ranks' grace plus torchrun's and supervisord's
+        margin, as long as supervisord waits before it kills (at least 60)."""
+        return stop_wait_s(self.term_grace)
+
+    def run_flags(self) -> list[str]:
+        """`trainpod run`'s flags for this job: only what the node cannot decide itself."""
+        flags = ["--example", self.example.name]
+        if self.backend:
+            flags += ["--backend", self.backend]
+        if self.nproc_per_node and not self.example.nproc_per_node:
+            flags += ["--nproc-per-node", str(self.nproc_per_node)]
+        if self.term_grace != TERM_GRACE.default:
+            flags += ["--term-grace", f"{self.term_grace:g}"]
+        return flags
+
+    def run_argv(self, *extra: str) -> list[str]:
+        """`trainpod run ...` as an argv: the flags, then `extra`, then -- and the example's own flags."""
+        argv = ["trainpod", "run", *self.run_flags(), *extra]
+        if self.args:
+            argv += ["--", *self.args]
+        return argv
+
+    def run_command(self, *extra: str) -> str:
+        return shlex.join(self.run_argv(*extra))
+
+    def summary(self) -> str:
+        """'cifar10-ddp, 2 node(s) x 2 process(es), CPU, gloo' for comments and messages."""
+        gpus = f"{self.gpus} GPU(s) per node" if self.gpus else "CPU"
+        return f"{self.example.name}, {self.nodes} node(s) x {self.processes_per_node} process(es), {gpus}, {self.effective_backend}"
+
+    def generated_by(self) -> str:
+        return shlex.join(self.command_line) if self.command_line else f"trainpod job ... {self.example.name}"
+
+
+class Scheduler(abc.ABC):
+    """One scheduler's job file. `settings` declares its own flags (and their TRAINPOD_* twins)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    settings: ClassVar[tuple[Setting, ...]] = ()
+    submits: ClassVar[str | None] = None  # what --submit does, for the help; None: it cannot
+
+    def __init__(self, request: JobRequest, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None):
+        self.request = request
+        self.options: Values = resolve(self.settings, flags or {}, env or {})
+        self.check()
+
+    def check(self) -> None:
+        """Refuse what this scheduler cannot express (a UsageError or ConfigError naming the flag)."""
+        return None
+
+    @abc.abstractmethod
+    def render(self) -> str:
+        """The job file (or, for ssh, the commands per host), as printed by `trainpod job`."""
+
+    def submit(self) -> int:
+        raise UsageError(f"trainpod job {self.name}: --submit is not supported: submit the printed file yourself")
+
+
+def to_yaml(data: Any) -> str:
+    """YAML for a person to read: keys in the order given, no anchors or aliases for repeated parts."""
+    import yaml  # only `trainpod job` needs PyYAML
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200)
+
+
+def comment(lines: Sequence[str], mark: str = "#") -> str:
+    return "".join(f"{mark} {line}".rstrip() + "\n" for line in lines)

@@ -1,0 +1,113 @@
+"""`trainpod job kubeflow`: a PyTorchJob the Kubeflow SDK's and Kubernetes' typed models take field for
+field, and on which `trainpod explain` places every pod with the variables the operator sets."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fixtures.kubeflow_runtime import pod_environments
+
+kubeflow_models = pytest.importorskip("kubeflow.training.models")
+from kubeflow.training.api_client import ApiClient  # noqa: E402
+
+ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_", "TRAINPOD_", "MASTER_", "GLOO_", "NCCL_", "SLURM_"))
+         and k not in ("NNODES", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")}
+
+# The static examples, as a user would ask for them: (trainpod job kubeflow arguments, nodes, processes per node, backend)
+JOBS = [
+    ("cifar10-ddp --nproc-per-node 2 -- --epochs 1", 2, 2, "gloo"),
+    ("cifar10-ddp --nodes 3 --gpus 4", 3, 4, "nccl"),
+    ("cifar10-dp --gpus 2", 1, 1, "nccl"),
+    ("cifar10-ddp-amp --gpus 4 --backend gloo --term-grace 50", 2, 4, "gloo"),
+    ("imagenet-ddp --nodes 4", 4, 8, "nccl"),
+]
+
+
+def trainpod(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "trainpod", *args], env={**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})},
+                          capture_output=True, text=True, timeout=60)
+
+
+def render(args):
+    result = trainpod("job", "kubeflow", *shlex.split(args))
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+class _Response:
+    def __init__(self, data):
+        self.data = json.dumps(data)
+
+
+def drop_empty(value):
+    if isinstance(value, dict):
+        return {k: drop_empty(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_empty(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("args", [j[0] for j in JOBS])
+def test_the_sdk_and_kubernetes_models_take_every_field(args):
+    job = render(args)
+    client = ApiClient()
+    typed = client.deserialize(_Response(job), "KubeflowOrgV1PyTorchJob")
+    assert isinstance(typed, kubeflow_models.KubeflowOrgV1PyTorchJob)
+    master = typed.spec.pytorch_replica_specs["Master"]
+    assert isinstance(master.template, kubeflow_models.V1PodTemplateSpec)  # Kubernetes' own model
+    (container,) = master.template.spec.containers
+    assert container.name == "pytorch" and container.ports[0].name == "pytorchjob-port"
+    assert master.template.spec.volumes[0].empty_dir.medium == "Memory"
+    # Round trip: a field the models do not know (a typo, a wrong nesting) would be dropped here.
+    assert drop_empty(client.sanitize_for_serialization(typed)) == job
+
+
+@pytest.mark.parametrize("args,nodes,nproc,backend", JOBS)
+def test_what_trainpod_needs_is_in_the_pod(args, nodes, nproc, backend):
+    job = render(args)
+    spec = job["spec"]
+    assert spec["nprocPerNode"] == str(nproc)
+    assert sum(r["replicas"] for r in spec["pytorchReplicaSpecs"].values()) == nodes
+    assert ("Worker" in spec["pytorchReplicaSpecs"]) == (nodes > 1)
+    grace = 80 if "--term-grace 50" in args else 60
+    for replica in spec["pytorchReplicaSpecs"].values():
+        assert replica["restartPolicy"] == "ExitCode"
+        pod = replica["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        (container,) = pod["containers"]
+        assert "command" not in container, "command would replace the image's ENTRYPOINT (tini)"
+        assert container["args"][:2] == ["trainpod", "run"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        (volume,) = pod["volumes"]
+        assert volume["name"] == "dshm" and volume["emptyDir"]["medium"] == "Memory"
+        assert volume["emptyDir"]["sizeLimit"].endswith("Mi")
+
+
+@pytest.mark.parametrize("args,nodes,nproc,backend", JOBS)
+def test_explain_places_every_pod(args, nodes, nproc, backend):
+    job = render(args)
+    seen = set()
+    for rtype, _index, env in pod_environments(job):
+        (container,) = job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"]
+        gpus = int(container["resources"]["limits"].get("nvidia.com/gpu", 0))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))  # the device plugin's GPUs
+        argv = container["args"]
+        result = trainpod("explain", "--json", *argv[2:], env=env)
+        assert result.returncode == 0, result.stderr
+        topology = json.loads(result.stdout)
+        assert topology["source"] == "torchrun"
+        assert (topology["nnodes"], topology["nproc_per_node"], topology["backend"]) == (nodes, nproc, backend)
+        assert topology["world_size"] == int(env["WORLD_SIZE"]) == nodes * nproc
+        assert topology["master_addr"] == f"{job['metadata']['name']}-master-0"
+        assert topology["master_port"] == 23456
+        assert topology["origins"]["nnodes"] == "PET_NNODES" and topology["origins"]["node_rank"] == "PET_NODE_RANK"
+        seen.add(topology["node_rank"])
+    assert seen == set(range(nodes))

@@ -1,0 +1,76 @@
+"""Children die with their parent (PR_SET_PDEATHSIG), also across exec, also after a SIGKILL of the parent."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trainpod import orphans
+
+ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
+ENV = {**os.environ, "PYTHONPATH": ENTRYPOINT}
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+
+# A parent that starts `python -m trainpod.orphans KILL <its pid> -- sleep 300`, prints the child's pid, and waits.
+PARENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    from trainpod import orphans
+    entrypoint, args = orphans.wrap("sleep", ("300",), os.getpid())
+    child = subprocess.Popen([entrypoint, *args], start_new_session=True)  # its own session, as torch starts a rank
+    time.sleep(1.0)  # the child asked and exec'd sleep
+    print(child.pid, flush=True)
+    time.sleep(300)
+""")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, env=ENV)
+    child = int(parent.stdout.readline())
+    try:
+        assert alive(child)
+        assert Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]  # exec'd: its own command
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while alive(child):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_parent_that_died_before_the_child_asked_is_noticed():
+    # The pid given is not this process's parent: as if the parent had died before prctl.
+    result = subprocess.run([sys.executable, "-m", "trainpod.orphans", "TERM", "1", "--", "echo", "ran"],
+                            env=ENV, capture_output=True, text=True, timeout=30)
+    assert result.returncode == -signal.SIGTERM and result.stdout == ""
+
+
+def test_usage_and_a_missing_command():
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "trainpod.orphans", *argv], env=ENV,  # noqa: E731
+                                       capture_output=True, text=True, timeout=30)
+    assert run("KILL").returncode == 64
+    missing = run("KILL", str(os.getpid()), "--", "no-such-command-x")
+    assert missing.returncode == 127
+    assert missing.stderr.strip() == "trainpod: error: cannot run 'no-such-command-x': No such file or directory"
+
+
+def test_wrap_keeps_the_command_after_the_separator():
+    entrypoint, args = orphans.wrap("python", ("-u", "-m", "mod", "--x"), 42)
+    assert entrypoint == sys.executable
+    assert args == ("-m", "trainpod.orphans", "SIGKILL", "42", "--", "python", "-u", "-m", "mod", "--x")

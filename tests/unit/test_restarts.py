@@ -1,0 +1,129 @@
+"""The restart budget: restarts without progress, the same failure twice, one budget for both layers."""
+
+import pytest
+
+from trainpod import progress
+from trainpod.restarts import Budget, Failure, describe_code, read_where, reported, traceback_where
+
+TRACEBACK = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/app/train.py", line 30, in <module>
+[rank1]:     main()
+[rank1]:   File "/app/train.py", line 12, in main
+[rank1]:     step(batch)
+[rank1]:     ^^^^^^^^^^^
+[rank1]: ValueError: bad batch 7
+"""
+
+
+def test_the_innermost_frame_and_type_of_the_last_traceback():
+    assert traceback_where(TRACEBACK) == "ValueError in /app/train.py:12 (main)"
+    assert traceback_where(TRACEBACK.replace("[rank1]: ", "")) == "ValueError in /app/train.py:12 (main)"
+    chained = TRACEBACK + "\nDuring handling of the above exception, another exception occurred:\n\n" + TRACEBACK.replace(
+        "ValueError: bad batch 7", "torch.distributed.DistBackendError: lost").replace("line 12", "line 40")
+    assert traceback_where(chained) == "torch.distributed.DistBackendError in /app/train.py:40 (main)"
+    assert traceback_where("Killed\n") == "" and traceback_where("Traceback (most recent call last):\n") == ""
+
+
+def test_a_rank_log_is_read_from_its_end(tmp_path):
+    log = tmp_path / "stderr.log"
+    log.write_text("noise\n" * 50_000 + TRACEBACK)
+    assert read_where(log) == "ValueError in /app/train.py:12 (main)"
+    assert read_where(tmp_path / "missing.log") == "" and read_where(None) == ""
+
+
+def test_codes_read_as_a_shell_says_them():
+    assert describe_code(3) == "exited with 3" and describe_code(137) == "exited with 137 (SIGKILL)"
+
+
+def fail(code=1, committed=-1, step=-1, where="", ran_s=1.0):
+    return Failure(code=code, committed=committed, step=step, where=where, ran_s=ran_s, who="rank 0")
+
+
+def test_codes_that_are_never_restarted():
+    for code, why in ((64, "a usage error"), (73, "a checkpoint cannot be written"), (78, "a configuration error"),
+                      (143, "stopped by SIGTERM")):
+        budget = Budget(3, 600)
+        decision = budget.decide(fail(code))
+        assert not decision.restart and decision.code == code and why in decision.line and decision.line.endswith("not restarting")
+        assert budget.final() == {"code": code, "line": decision.line}
+    assert Budget(3, 600).decide(fail(0)).line == ""
+
+
+def test_the_same_failure_twice_without_progress_ends_the_job():
+    budget = Budget(5, 600)
+    first = budget.decide(fail(1, committed=20, step=27, where="ValueError in /app/train.py:12 (main)"))
+    assert first.restart and first.used == 1
+    second = budget.decide(fail(1, committed=20, step=27, where="ValueError in /app/train.py:12 (main)"))
+    assert not second.restart and second.code == 1
+    assert second.line == ("the same failure twice at step 27 without progress: not restarting "
+                           "(exit code 1, ValueError in /app/train.py:12 (main))")
+
+
+@pytest.mark.parametrize("other", [
+    fail(2, committed=20, where="ValueError in /app/train.py:12 (main)"),  # another code
+    fail(1, committed=20, where="KeyError in /app/train.py:12 (main)"),  # another exception
+    fail(1, committed=20, where="ValueError in /app/train.py:13 (main)"),  # another frame
+])
+def test_a_different_failure_is_restarted(other):
+    budget = Budget(5, 600)
+    budget.decide(fail(1, committed=20, where="ValueError in /app/train.py:12 (main)"))
+    assert budget.decide(other).restart
+
+
+def test_an_unreachable_master_is_never_the_same_failure():
+    budget = Budget(3, 600)
+    assert [budget.decide(fail(69)).restart for _ in range(4)] == [True, True, True, False]
+
+
+def test_restarts_without_progress_spend_the_budget():
+    budget = Budget(2, 600)
+    assert budget.decide(fail(3)).restart and budget.decide(fail(4)).restart
+    last = budget.decide(fail(5))
+    assert not last.restart and last.code == 5
+    assert last.line == "rank 0 exited with 5 after 3 attempt(s), 2 restart(s) without progress (--max-restarts 2): giving up"
+
+
+def test_a_newer_committed_checkpoint_gives_the_budget_back():
+    budget = Budget(2, 600)
+    assert budget.decide(fail(137, committed=10)).restart
+    assert budget.decide(fail(1, committed=10)).used == 2  # no progress in between: the budget is spent
+    decision = budget.decide(fail(137, committed=20))
+    assert decision.restart and decision.used == 1
+    assert decision.line.endswith("restart 1 of 2 without progress (progress since the last failure: checkpoint of step 20 "
+                                  "committed; the budget is full again)")
+    for committed in range(30, 200, 10):  # a kill now and then, each after a newer checkpoint: never runs out
+        assert budget.decide(fail(137, committed=committed)).restart
+    assert not budget.decide(fail(137, committed=190)).restart  # the same kill at the same point: a deterministic one
+
+
+def test_a_job_without_checkpoints_made_progress_when_it_ran_longer_than_the_window():
+    budget = Budget(1, 60)
+    assert budget.decide(fail(3, ran_s=100)).restart
+    assert budget.decide(fail(4, ran_s=100)).restart  # ran long: the budget is full again
+    decision = budget.decide(fail(3, ran_s=10))
+    assert not decision.restart and "giving up" in decision.line
+    checkpointed = Budget(1, 60)
+    assert checkpointed.decide(fail(3, committed=5, ran_s=100)).restart
+    assert not checkpointed.decide(fail(4, committed=5, ran_s=100)).restart  # checkpoints, none newer: time is no progress
+
+
+def test_both_layers_share_one_budget_through_the_file(tmp_path):
+    agent, listener = Budget(2, 600, tmp_path), Budget(2, 600, tmp_path)
+    assert agent.decide(fail(3)).restart  # a rank failed: torchrun restarts the group
+    decision = listener.decide(Failure(code=69, who="the job"))  # then the agent failed: supervisord restarts it
+    assert decision.restart and decision.used == 2 and decision.attempt == 3
+    assert agent.left() == listener.left() == 0
+    assert not agent.decide(fail(9)).restart and listener.final()["code"] == 9
+
+
+def test_reported_progress(tmp_path, monkeypatch):
+    assert reported(tmp_path) == (-1, -1) and reported(None) == (-1, -1)
+    monkeypatch.setenv(progress.DIR_VAR, str(tmp_path))
+    for local_rank, (step, committed) in enumerate([(12, 10), (11, -1)]):
+        monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+        monkeypatch.setattr(progress, "_reporter", progress._Reporter())
+        progress.step(step)
+        if committed >= 0:
+            progress.committed(committed)
+    assert reported(tmp_path) == (10, 12)
