@@ -52,7 +52,8 @@ else
 TORCH_CPU_SOURCE := --extra-index-url https://download.pytorch.org/whl/cpu
 endif
 
-# The flavours: `make images` builds trainpod:<flavour> for each, `make image-<flavour>` one of them.
+# The flavours: `make image-<flavour>` builds trainpod:<flavour>; `make images` (what `make demo` and
+# `make test` need) the CPU ones, `make images-cuda` the CUDA ones (`make test-cuda` tests them).
 # A new flavour is its name here, its requirements file, and those of its settings that differ
 # from the defaults:
 #   BASE_IMAGE_<f>     the image's runtime base                                 (BASE_IMAGE)
@@ -61,7 +62,9 @@ endif
 #   PIP_SOURCE_<f>     pip options saying where `make wheelhouse` finds torch   (none: PyPI)
 #   REQUIREMENTS_<f>   the pinned requirements, starting with -r requirements-common.txt
 #                                                                               (images/requirements-<f>.txt)
-FLAVORS := cpu cuda cuda-apex
+CPU_FLAVORS := cpu
+CUDA_FLAVORS := cuda cuda-apex
+FLAVORS := $(CPU_FLAVORS) $(CUDA_FLAVORS)
 PIP_SOURCE_cpu := $(TORCH_CPU_SOURCE)
 # PyPI's own torch 2.13.0 is the CUDA 13 build, with NVIDIA's runtime as wheels; --isolated leaves
 # out this machine's pip configuration, which points at the local CPU build.
@@ -104,8 +107,8 @@ VCS_REF := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 TRAINPOD_SRC := $(shell find entrypoint -type f -not -path '*/__pycache__/*' \
 	-not -path '*.egg-info/*' -not -path 'entrypoint/build/*')
 
-.PHONY: help setup base wheelhouse images $(IMAGES) $(FLAVORS:%=source-%) dev lint test demo bench clean clean-images \
-	job-protocols demo-slurm FORCE
+.PHONY: help setup base wheelhouse images images-cuda $(IMAGES) $(FLAVORS:%=source-%) dev lint test test-cuda demo \
+	bench clean clean-images job-protocols demo-slurm FORCE
 
 help: ## list the targets
 	@grep -E '^([a-z-]+|\$$\(IMAGES\)):.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' \
@@ -252,7 +255,9 @@ $(IMAGES): image-%: source-% base build/torch/%/.context build/wheelhouse/%/.tra
 	@$(MAKE) --no-print-directory build/image-$*.ids
 	@echo "==> trainpod:$* $$($(DOCKER) image inspect -f '{{.Size}}' trainpod:$* | awk '{ printf "%.2f GB", $$1 / 1e9 }')"
 
-images: $(FLAVORS:%=source-%) base $(IMAGES) ## every image: the base, then trainpod:<flavour> for each flavour in FLAVORS
+images: base $(CPU_FLAVORS:%=image-%) ## the CPU image trainpod:cpu (and the base), what the demo and the tests run
+
+images-cuda: $(CUDA_FLAVORS:%=source-%) base $(CUDA_FLAVORS:%=image-%) ## the CUDA images trainpod:cuda and trainpod:cuda-apex (APEX_SOURCE, ...)
 
 dev: build/dev.stamp ## host setup: trainpod (editable), dev tools, CPU torch
 
@@ -265,8 +270,14 @@ lint: ## ruff and hadolint
 	@$(PYTHON) -m ruff check entrypoint tests bench
 	@hadolint --config .hadolint.yaml images/Dockerfile* compose/*/Dockerfile
 
-test: setup images lint ## provision, build the images, lint, then the whole test suite
-	$(PYTHON) -m pytest tests
+test: setup images lint ## provision, build the images, lint, then the whole test suite (but the CUDA images')
+	$(PYTHON) -m pytest tests -m "not cuda_images"
+
+# The CUDA images without a GPU (tests/integration/test_cuda_images.py): built, then smoke-tested.
+# CI runs it after `make test`, with Apex's source from ../shared/vendor and only the Apex extensions
+# the examples use (.ci/run, README "The CUDA images" says why).
+test-cuda: setup images-cuda ## provision, build the CUDA images, then their smoke tests (no GPU needed)
+	$(PYTHON) -m pytest tests -m cuda_images
 
 # The demo builds only the image it runs: TRAINPOD_IMAGE (compose/pai-2node), trainpod:cpu by default.
 DEMO_FLAVOR := $(patsubst trainpod:%,%,$(or $(TRAINPOD_IMAGE),trainpod:cpu))

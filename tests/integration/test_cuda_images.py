@@ -3,7 +3,8 @@ PyPI's CUDA 13 build with NCCL, a job falls back to gloo on the CPU with one lin
 2-node compose job trains on them, and Apex (cuda-apex) imports and says it is unused without CUDA.
 
 TRAINPOD_CUDA_IMAGES names the images (default: both, comma-separated). Each test skips when its
-image is not built, and fails instead under CI=true (`make test` builds every flavour in FLAVORS).
+image is not built, and fails instead under CI=true. `make test-cuda` builds both images and runs these
+tests (marked cuda_images); `make test` leaves them out.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import pytest
 from fixtures.docker_env import REPO, ComposeJob, _unavailable, require_docker, run
 from trainpod.examples.reporting import parse_metrics_line
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.cuda_images]
 
 IMAGES = [name.strip() for name in os.environ.get("TRAINPOD_CUDA_IMAGES", "trainpod:cuda,trainpod:cuda-apex").split(",") if name]
 APEX_IMAGES = [image for image in IMAGES if "apex" in image]
 COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
+# The README's hardened run (as in test_image.py): read-only root, no capabilities, no new privileges.
+HARDENED = ["--read-only", "--tmpfs", "/tmp", "--tmpfs", "/workspace/output:uid=1000,gid=1000", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--shm-size", "256m"]
 
 
 def require(image: str) -> str:
@@ -58,10 +62,9 @@ def test_torch_is_the_cuda_13_build_with_nccl_and_finds_no_gpu(image):
     assert facts["nccl"] is True and facts["nccl_version"] == [2, 29, 7], facts
 
 
-def test_a_job_without_a_gpu_falls_back_to_gloo_with_one_line(image):
-    result = run("docker", "run", "--rm", "--shm-size", "256m", image, "trainpod", "run", "--nproc-per-node", "2", "--example",
-                 "cifar10-ddp", "--", "--epochs", "1", "--synthetic-samples", "256", "--output-dir", "/tmp/out",
-                 timeout=600, check=False)
+def test_a_hardened_job_without_a_gpu_falls_back_to_gloo_with_one_line(image):
+    result = run("docker", "run", "--rm", *HARDENED, image, "trainpod", "run", "--nproc-per-node", "2", "--example",
+                 "cifar10-ddp", "--", "--epochs", "1", "--synthetic-samples", "256", timeout=600, check=False)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
     notes = [line for line in log.splitlines() if "no GPU visible: gloo instead of NCCL" in line]
@@ -69,6 +72,7 @@ def test_a_job_without_a_gpu_falls_back_to_gloo_with_one_line(image):
     assert "CUDA 13.0" in notes[0] and "--gpus all" in notes[0]
     metrics = parse_metrics_line(result.stdout)
     assert metrics["world_size"] == 2 and metrics["ranks_agree"], metrics
+    assert metrics["metrics"] == "/workspace/output/metrics.json"
     assert "backend gloo" in log and "Traceback" not in log
 
 
