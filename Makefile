@@ -247,8 +247,7 @@ build/image-%.ids: images/Dockerfile build/torch-%.ids build/wheelhouse/%/.train
 	@$(DOCKER) image prune -f --filter label=org.opencontainers.image.title=trainpod >/dev/null
 	@$(call image-ids,$*) > $@
 
-$(IMAGES): image-%: source-% base build/torch/%/.context build/wheelhouse/%/.trainpod build/wheelhouse/%/.os \
-		build/wheelhouse/%/.ext ## trainpod:<flavour>, for a flavour in FLAVORS
+$(IMAGES): image-%: source-% base build/torch/%/.context build/wheelhouse/%/.trainpod build/wheelhouse/%/.os build/wheelhouse/%/.ext ## trainpod:<flavour>, for a flavour in FLAVORS
 	@[ "$$($(call torch-ids,$*))" = "$$(cat build/torch-$*.ids 2>/dev/null)" ] || rm -f build/torch-$*.ids
 	@[ "$$($(call image-ids,$*))" = "$$(cat build/image-$*.ids 2>/dev/null)" ] \
 		|| rm -f build/image-$*.ids
