@@ -16,6 +16,8 @@
 7. Hangs (bench/hangs.py, on this host): from each hang's start (a rank asleep before
    init_process_group, a skipped collective, a SIGSTOP) to the one-line report with --hang-timeout 10;
    the progress signal's and the hang watch's cost on steady samples/s, side by side.
+8. The images (bench/images.py, first, as it builds and runs nothing): each flavour's size and
+   layers, its cold and warm build times, and the Apex build's time, memory and wheel size.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import examples  # bench/ is on the path: python3 bench/run.py
 import launchers
 from hangs import report as hangs_report
 from recovery import report as recovery_report
+
+import images
 
 HERE = Path(__file__).resolve().parent
 COMPOSE = ["docker", "compose", "-f", str(HERE / "compose.yaml")]
@@ -124,6 +128,7 @@ def bench_hangs() -> dict:
 
 
 def main() -> int:
+    print(images.report(), flush=True)
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
     hangs = bench_hangs()

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
-from trainpod import log, orphans
+from trainpod import devices, log, orphans
 from trainpod.errors import EXIT_USAGE, TrainpodError
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
@@ -64,6 +64,15 @@ class JobSpec:
         )
 
 
+def gloo_fallback_note(topology: Topology, cuda: str | None) -> str | None:
+    """One line when a CUDA build of torch (`cuda`: its version) falls back to gloo because no GPU
+    is visible: on a GPU host that usually means the container was started without GPUs."""
+    if cuda and topology.backend == "gloo" and topology.origins.get("backend") == "default (no GPU visible)":
+        return (f"no GPU visible: gloo instead of NCCL, on the CPU (torch here is built for CUDA {cuda}; "
+                "give the container GPUs, e.g. docker run --gpus all, to train on them with NCCL)")
+    return None
+
+
 def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     """Preflight, then exec the agent (torchrun): this process becomes it. (The topology's warnings
     were printed once, by the outer run.)"""
@@ -75,6 +84,9 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
         if error.exit_code != 69 and env.get(BUDGET_DIR):
             Budget(spec.max_restarts, spec.progress_window, env[BUDGET_DIR]).end(error.exit_code, "")
         raise
+    note = gloo_fallback_note(topology, devices.torch_cuda_version())
+    if note:
+        say(note)
     # The whole budget: the agent reads what is spent (trainpod.restarts) and decides each restart.
     plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=spec.max_restarts,
                       term_grace=spec.term_grace, join_timeout=spec.connect_timeout,

@@ -43,6 +43,28 @@ def check_torch() -> None:
         )
 
 
+def check_cuda_driver(topology: Topology, env: Mapping[str, str], *, cuda: str | None = None, driver=None) -> None:
+    """A CUDA build of torch on a host whose NVIDIA driver is too old (or missing) fails late and
+    obscurely (NCCL, "no GPU"): with NCCL or GPUs asked for, say so first, in one line (78).
+    `cuda`, `driver`: torch's CUDA version and (version, where read), for tests."""
+    from trainpod import devices
+
+    if topology.backend != "nccl" and not devices.visible_gpu_count(env):
+        return
+    cuda = devices.torch_cuda_version() if cuda is None else cuda
+    needed = devices.MIN_DRIVER_FOR_CUDA.get(int(cuda.split(".")[0])) if cuda else None
+    if needed is None:
+        return  # a CPU build (the backend check speaks for it) or a CUDA this table does not know
+    version, where = devices.nvidia_driver_version() if driver is None else driver
+    if version is None or version < needed:
+        found = f"this host's is {'.'.join(map(str, version))} ({where})" if version else f"none was found ({where})"
+        raise ConfigError(
+            f"torch here is built for CUDA {cuda}, which needs an NVIDIA driver >= {'.'.join(map(str, needed))}, and "
+            f"{found}: upgrade the host's driver, or run an image whose torch is built for an older CUDA; in a "
+            "container the driver comes from the host (docker run --gpus all, NVIDIA container toolkit)"
+        )
+
+
 def check_imports(needs: Sequence[str], what: str) -> None:
     """Import what the ranks will import (torch is only looked up: the agent imports it next, and it
     takes seconds); a missing or broken package is one line naming it, 78, before any rank starts."""
@@ -224,6 +246,7 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
                   target: Target | None = None) -> Topology:
     """Run the checks; returns the topology with the interface settled once the master resolved."""
     check_torch()
+    check_cuda_driver(topology, env)
     if target is not None and target.needs:
         check_imports(target.needs, f"the example {target.module}" if target.module else "the job")
     if target is not None and target.output_dir:

@@ -3,9 +3,10 @@
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from trainpod.job import SPEC_VAR, JobSpec
+from trainpod.job import SPEC_VAR, JobSpec, gloo_fallback_note
 from trainpod.launch import Target
 from trainpod.topology import Topology
 
@@ -40,3 +41,12 @@ def test_a_preflight_failure_is_one_line_with_the_node_prefix():
     assert result.returncode == 69, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("[node1] trainpod: error: master address 'no-such-host.invalid'")
+
+
+def test_a_cuda_torch_without_gpus_says_it_falls_back_to_gloo():
+    fallback = replace(TOPOLOGY, origins={**TOPOLOGY.origins, "backend": "default (no GPU visible)"})
+    note = gloo_fallback_note(fallback, "13.0")
+    assert note.startswith("no GPU visible: gloo instead of NCCL") and "CUDA 13.0" in note and "--gpus all" in note
+    assert gloo_fallback_note(fallback, None) is None  # a CPU build of torch: gloo is all it has
+    assert gloo_fallback_note(replace(fallback, origins={"backend": "--backend"}), "13.0") is None  # asked for
+    assert gloo_fallback_note(replace(fallback, backend="nccl", origins={"backend": "default (GPUs visible)"}), "13.0") is None

@@ -108,6 +108,26 @@ def test_launching_needs_torch(monkeypatch):
         preflight.check_torch()
 
 
+def test_a_cuda_13_torch_needs_driver_580_when_gpus_are_asked_for():
+    nccl = topology(backend="nccl")
+    preflight.check_cuda_driver(nccl, {}, cuda="13.0", driver=((580, 65, 6), "/proc/driver/nvidia/version"))
+    with pytest.raises(ConfigError, match=r"built for CUDA 13.0, which needs an NVIDIA driver >= 580, and this host's is "
+                                          r"575.57.8 \(/proc/driver/nvidia/version\): upgrade"):
+        preflight.check_cuda_driver(nccl, {}, cuda="13.0", driver=((575, 57, 8), "/proc/driver/nvidia/version"))
+    with pytest.raises(ConfigError, match=r">= 580, and none was found \(no /proc/driver/nvidia/version"):
+        preflight.check_cuda_driver(nccl, {}, cuda="13.0", driver=(None, "no /proc/driver/nvidia/version, no nvidia-smi answer"))
+    # GPUs given to a gloo job count as asked for too; a CUDA 12 torch needs 525.60.13
+    with pytest.raises(ConfigError, match=">= 525.60.13"):
+        preflight.check_cuda_driver(topology(), {"CUDA_VISIBLE_DEVICES": "0"}, cuda="12.8", driver=((520, 1), "nvidia-smi"))
+
+
+def test_no_driver_check_without_gpus_or_for_a_cpu_torch():
+    absent = (None, "nothing")
+    preflight.check_cuda_driver(topology(), {"CUDA_VISIBLE_DEVICES": ""}, cuda="13.0", driver=absent)  # gloo, no GPU: the CPU path
+    preflight.check_cuda_driver(topology(backend="nccl"), {}, cuda="", driver=absent)  # a CPU build: torch.version.cuda is None
+    preflight.check_cuda_driver(topology(backend="nccl"), {}, cuda="99.0", driver=absent)  # a CUDA the table does not know
+
+
 def test_the_host_name_and_shm_warnings_only_where_they_can_matter(monkeypatch):
     said = []
     monkeypatch.setattr(preflight, "check_shm", lambda log, **kwargs: said.append(("shm", kwargs["minimum"])))
