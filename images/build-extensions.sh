@@ -25,6 +25,8 @@ mkdir -p "$tree" "$wheels"
 if [ ! -f "$src/apex/setup.py" ]; then
     echo "build-extensions: this flavour compiles no extension"
     echo '{}' > "$report"
+    # Never an empty tree: the classic builder fails the COPY after an empty one (venv-layers.py).
+    "$venv/bin/python" /opt/trainpod/tools/venv-layers.py group "$venv" "$tree" apex
     exit 0
 fi
 

@@ -12,6 +12,11 @@ the venv's own python, so that it reads that venv's distributions (their RECORD 
 Why: one COPY of the whole venv is one layer of several GB that any change to any package
 replaces. With the CUDA runtime wheels, torch and the rest in layers of their own, a change to a
 small package (or to trainpod, installed after these) leaves the big layers as they were.
+
+Every TREE also gets a manifest, TREE/opt/trainpod/layers.d/<TREE's name>.txt, naming what it
+holds. It says in the image which layer brought which package, and it keeps a TREE from ever being
+empty (the CPU flavour has no CUDA wheels): Docker's classic builder fails the COPY that follows a
+COPY of an empty folder ("failed to get layer ...: layer does not exist", moby/moby#40591).
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ def place(path: str, tree: str) -> bool:
     return True
 
 
+def manifest(tree: str, lines: list[str]) -> None:
+    """Write TREE/opt/trainpod/layers.d/<name of TREE>.txt (see the module's docstring)."""
+    path = os.path.join(tree, "opt", "trainpod", "layers.d", os.path.basename(os.path.normpath(tree)) + ".txt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def group(venv: str, tree: str, patterns: list[str]) -> None:
     site = sysconfig.get_path("purelib")
     if not os.path.realpath(site).startswith(os.path.realpath(venv) + os.sep):
@@ -61,6 +74,7 @@ def group(venv: str, tree: str, patterns: list[str]) -> None:
                 size += os.lstat(path).st_size
     print(f"venv-layers: {tree}: {count} files, {size / 1e6:.0f} MB of {len(names)} distributions: "
           f"{' '.join(sorted(names)) or '(none)'}")
+    manifest(tree, [f"# {count} files of the distributions matching {' '.join(patterns)}", *sorted(names)])
 
 
 def rest(venv: str, tree: str, others: list[str]) -> None:
@@ -79,6 +93,7 @@ def rest(venv: str, tree: str, others: list[str]) -> None:
                 count += 1
                 size += os.lstat(path).st_size
     print(f"venv-layers: {tree}: {count} files, {size / 1e6:.0f} MB (the rest of {venv})")
+    manifest(tree, [f"# {count} files: the rest of {venv}"])
 
 
 def main(argv: list[str]) -> int:
