@@ -149,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if watch is not None:
         os.environ.update(watch.environment())  # the ranks inherit the agent's environment
     _install_agent_class(say, watch)
+    # trainpod's own rendezvous backend (etcd's v3 API) must be in torch's registry before the launcher
+    # creates the handler for --rdzv-backend etcd-v3.
+    from trainpod.rendezvous import etcd_v3
+
+    etcd_v3.register()
 
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)

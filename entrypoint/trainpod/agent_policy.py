@@ -113,6 +113,8 @@ class AgentPolicy:
         self._say = log.writer(node)
         self.node_rank = int(node) if node and node.isdigit() else 0
         self.nnodes = int(os.environ.get("TRAINPOD_NNODES", "1"))
+        self.min_nodes = int(os.environ.get("TRAINPOD_MIN_NODES", str(self.nnodes)))
+        self.elastic = self.min_nodes < self.nnodes  # nodes may leave and join (trainpod.topology.Rendezvous)
         if not os.environ.get(progress.DIR_VAR):
             os.environ[progress.DIR_VAR] = progress_dir()  # the ranks inherit the agent's environment
         self._progress_dir = os.environ[progress.DIR_VAR]
@@ -125,7 +127,8 @@ class AgentPolicy:
         self.started = False  # the first worker group ran: a lost master is now a lost job
         self._attempt_started = time.monotonic()
         self.control: JobControl | None = None
-        if self.nnodes > 1:
+        # The stop key lives in the store c10d's host node keeps: a fixed-size c10d job's (see _elastic notes).
+        if self.nnodes > 1 and not self.elastic and _backend(spec.rdzv_handler) == "c10d":
             store = getattr(spec.rdzv_handler, "_store", None)
             if store is not None:
                 master = (str(getattr(store, "host", "?")), int(getattr(store, "port", 0)))  # a TCPStore's endpoint
@@ -235,6 +238,13 @@ class AgentPolicy:
         except MasterLost:
             return True
         return True
+
+
+def _backend(handler) -> str:
+    try:
+        return handler.get_backend()
+    except Exception:  # a handler without one (a test's): the launcher's default
+        return "c10d"
 
 
 def _first_failure(failures):

@@ -80,10 +80,13 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
                       term_grace=spec.term_grace, join_timeout=spec.connect_timeout,
                       progress_window=spec.progress_window, rejoin_timeout=spec.rejoin_timeout,
                       hang_timeout=spec.hang_timeout)
-    say(
-        f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
-        f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"
-    )
+    rdzv = topology.rdzv
+    where = (f"node {topology.node_rank} of {topology.nnodes}" if topology.node_rank is not None
+             else f"{rdzv.nnodes} nodes, this one's rank from the rendezvous")
+    meet = (f"master {topology.master_addr}:{topology.master_port}" if rdzv.backend == "c10d"
+            else f"{rdzv.backend} rendezvous {rdzv.id} at {rdzv.endpoint}")
+    say(f"{topology.source}: {where}, {topology.nproc_per_node} process(es) per node, {meet}, "
+        f"{topology.backend} over {topology.interface}")
     sys.stdout.flush()
     os.execvpe(plan.argv[0], plan.argv, {**env, **plan.env})
 
