@@ -139,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     node = log.node_from_env() or "?"
     say = log.writer(node)
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     _prefix_logs(log.tag(node) + " ")
@@ -158,31 +155,64 @@ def main(argv: list[str] | None = None) -> int:
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
     args = parser.parse_args(argv)
+    code, signalled = _run(run, args, say)
+    # torch's launcher closed the rendezvous (it does at any end but a signal); a signal that ended a
+    # fixed-size job (SIGTERM, or another node's stop) leaves it open, with this run's nodes in it.
+    elastic = int(os.environ.get("TRAINPOD_MIN_NODES", "0") or 0) < int(os.environ.get("TRAINPOD_NNODES", "0") or 0)
+    if not signalled or not elastic:
+        _next_generation(args.rdzv_endpoint, say)
+    return code
+
+
+def _next_generation(endpoint: str, say: log.Log) -> None:
+    """With etcd: this run is over, so the job's next run meets in the next generation
+    (trainpod.rendezvous.generation). Best effort: with etcd gone now, the next run of the job would
+    meet this run's closed rendezvous, and the warning says so."""
+    from trainpod.rendezvous import generation
+
+    base, number = os.environ.get(generation.BASE_VAR), os.environ.get(generation.GENERATION_VAR)
+    if not base or number is None:
+        return
+    from trainpod.rendezvous.etcd_http import EtcdClient
+
+    try:
+        generation.advance(EtcdClient(endpoint, 5.0), base, int(number))
+    except Exception as error:  # etcd gone: the run's result matters more than the next run's id
+        say(f"warning: could not advance the rendezvous generation of {base} in etcd ({type(error).__name__}: {error}): "
+            f"the next run of this job may meet the closed rendezvous {generation.run_id(base, int(number))}")
+
+
+def _run(run, args, say: log.Log) -> tuple[int, bool]:
+    """(exit code, whether a signal ended the run) of torchrun's run()."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
     try:
         run(args)
     except ChildFailedError as error:
         policy = agent_policy.current()
         if policy is not None and policy.final is not None:
-            return policy.final.code  # decided, and said, by the policy
+            return policy.final.code, False  # decided, and said, by the policy
         _report(error.failures, say)
-        return agent_policy.exit_code(error.get_first_failure()[1].exitcode)
+        return agent_policy.exit_code(error.get_first_failure()[1].exitcode), False
     except agent_policy.MasterLost:
-        return EXIT_UNAVAILABLE  # said by the policy; final or not, it is in the budget for the supervisor
+        return EXIT_UNAVAILABLE, False  # said by the policy; final or not, it is in the budget for the supervisor
     except SignalException as error:
         if getattr(error, "code", None) is not None:  # another node ended the job (trainpod.control)
-            return error.code
+            return error.code, True
         # torchrun has already stopped the workers; a stop request is no crash, so no traceback.
         say(f"received {signal.Signals(error.sigval).name}: the workers were stopped")
-        return 128 + error.sigval
+        return 128 + error.sigval, True
     except RendezvousError as error:
         policy = agent_policy.current()
         if policy is not None and policy.rendezvous_failed():
-            return EXIT_UNAVAILABLE  # the master went away after the start: waited --rejoin-timeout for it
+            return EXIT_UNAVAILABLE, False  # the master went away after the start: waited --rejoin-timeout for it
         # The other nodes did not come (or the store went away): as transient as an unreachable master.
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         say(f"error: rendezvous at {args.rdzv_endpoint} failed: {type(error).__name__}: {first_line}")
-        return EXIT_UNAVAILABLE
-    return 0
+        return EXIT_UNAVAILABLE, False
+    return 0, False
 
 
 if __name__ == "__main__":

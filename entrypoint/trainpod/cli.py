@@ -183,8 +183,8 @@ def _explain_table(topology: Topology, command: str | None) -> str:
         ("interface", topology.interface or "(not yet known)", f"{topology.origins.get('interface', '')}: {topology.interface_reason}"),
         ("rdzv_backend", rdzv.backend, f"{topology.origins.get('rdzv_backend', 'default')}: {RDZV_NOTES[rdzv.backend]}"),
         ("rdzv_endpoint", rdzv.endpoint, topology.origins.get("rdzv_endpoint", "the master's address and port")),
-        ("rdzv_id", rdzv.id + (".<generation>" if rdzv.uses_etcd else ""),
-         rdzv.id_origin + ("; each run of the job takes the next generation from etcd" if rdzv.uses_etcd else "")),
+        ("rdzv_id", rdzv.id + (".g<N>" if rdzv.uses_etcd else ""),
+         rdzv.id_origin + ("; N: the job's generation in etcd, one more after each run" if rdzv.uses_etcd else "")),
     ]
     width = max(len(str(value)) for _, value, _ in rows)
     lines = [f"{name:<15} {str(value):<{width}}  {origin}".rstrip() for name, value, origin in rows]
