@@ -13,7 +13,8 @@ killed and counts as a failed one with code 124, which the same policy decides o
 
 torch offers no hook for these changes, so the agent relies on some of torch's private API:
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
-`_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_remaining_restarts`, `_worker_group`,
+`_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_rendezvous()` (then
+`_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`,
 `_pcontext.stderrs` and the c10d rendezvous handler's `_store`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
@@ -42,7 +43,7 @@ def torch_internals_missing() -> list[str]:
     missing = []
     if getattr(launcher, "LocalElasticAgent", None) is not LocalElasticAgent:
         missing.append("torch.distributed.launcher.api.LocalElasticAgent (the class the launcher builds)")
-    for method in ("_monitor_workers", "_start_workers", "_invoke_run", "_shutdown"):
+    for method in ("_monitor_workers", "_start_workers", "_invoke_run", "_shutdown", "_rendezvous"):
         if not callable(getattr(LocalElasticAgent, method, None)):
             missing.append(f"LocalElasticAgent.{method}()")
     missing += _rendezvous_store_missing()
@@ -196,6 +197,8 @@ def _run(run, args, say: log.Log) -> tuple[int, bool]:
             return policy.final.code, False  # decided, and said, by the policy
         _report(error.failures, say)
         return agent_policy.exit_code(error.get_first_failure()[1].exitcode), False
+    except agent_policy.JobEnded as ended:
+        return ended.code, False  # said by the policy: an elastic job's real failure, decided by the budget
     except agent_policy.MasterLost:
         return EXIT_UNAVAILABLE, False  # said by the policy; final or not, it is in the budget for the supervisor
     except SignalException as error:

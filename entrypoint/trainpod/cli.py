@@ -186,6 +186,9 @@ def _explain_table(topology: Topology, command: str | None) -> str:
         ("rdzv_id", rdzv.id + (".g<N>" if rdzv.uses_etcd else ""),
          rdzv.id_origin + ("; N: the job's generation in etcd, one more after each run" if rdzv.uses_etcd else "")),
     ]
+    if rdzv.settings:
+        rows.append(("rdzv_conf", ",".join(f"{k}={v}" for k, v in rdzv.settings.items()),
+                     topology.origins.get("rdzv_conf", "default") + " over trainpod's defaults"))
     width = max(len(str(value)) for _, value, _ in rows)
     lines = [f"{name:<15} {str(value):<{width}}  {origin}".rstrip() for name, value, origin in rows]
     lines += [f"warning: {w}" for w in topology.warnings]

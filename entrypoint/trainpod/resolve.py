@@ -133,7 +133,24 @@ def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, ori
     else:  # c10d's store is the job's own; etcd's id is made from the job in cli (ids.digest_id)
         rdzv_id, i_origin = (C10D_ID, "default (the store is the job's own)") if backend == "c10d" else ("", "default")
     origins["rdzv_id"] = i_origin
-    return Rendezvous(backend=backend, endpoint=endpoint or "", id=rdzv_id, id_origin=i_origin), warnings
+    conf = dict(given.rdzv_conf or {})
+    origins["rdzv_conf"] = given.origins["rdzv_conf"]
+    return Rendezvous(backend=backend, endpoint=endpoint or "", id=rdzv_id, id_origin=i_origin, settings=conf), warnings
+
+
+# How fast an elastic job notices a lost node and goes on without it. torch's defaults (a heartbeat every
+# 5 s, a node dead after 3 missed, then a 30 s "last call" for more nodes once MIN are there) put 40 s and
+# more between a lost node and the next round; these take it to about 6 s, for one small etcd write per
+# node a second (c10d: a store request). A node that starts more than 3 s after the others joins the
+# next round instead, which restarts the workers once (a membership change, not a failure).
+ELASTIC_CONF = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "3"}
+ETCD_V2_CONF = {"last_call_timeout": "3"}  # torch's etcd backend: its keep-alive TTLs are fixed (10 s)
+
+
+def _rdzv_defaults(rendezvous: Rendezvous) -> dict[str, str]:
+    if not rendezvous.elastic:
+        return {}
+    return dict(ETCD_V2_CONF if rendezvous.backend == "etcd" else ELASTIC_CONF)
 
 
 def _host_port(endpoint: str, origin: str) -> tuple[str, int]:
@@ -182,6 +199,7 @@ def resolve_topology(
     rendezvous, rdzv_warnings = _rendezvous(given, found, cls, values, origins)
     warnings += rdzv_warnings
     rendezvous = replace(rendezvous, min_nodes=min_nodes, max_nodes=nnodes)
+    rendezvous = replace(rendezvous, settings={**_rdzv_defaults(rendezvous), **rendezvous.settings})
     for name in ("master_addr", "master_port"):
         if values.get(name) is None:
             raise ConfigError(found.missing.get(name, f"no {name} found"))

@@ -184,6 +184,29 @@ class NodeRange:
         return low, high
 
 
+@dataclass(frozen=True)
+class RdzvConf:
+    """torchrun's --rdzv-conf: KEY=VALUE pairs, comma-separated, as a dict."""
+
+    def expected(self) -> str:
+        return "KEY=VALUE pairs separated by commas (keep_alive_interval=2,last_call_timeout=5)"
+
+    def __call__(self, value: Any) -> dict[str, str]:
+        if isinstance(value, Mapping):
+            return {str(k): str(v) for k, v in value.items()}
+        pairs = {}
+        for item in str(value).split(","):
+            key, sep, val = item.strip().partition("=")
+            if not item.strip():
+                continue
+            if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()) or not val.strip() or "," in val:
+                raise Invalid(self.expected())
+            pairs[key.strip()] = val.strip()
+        if not pairs:
+            raise Invalid(self.expected())
+        return pairs
+
+
 def format_range(nodes: tuple[int, int]) -> str:
     """'2' for a fixed-size job, '1:4' for an elastic one (torchrun's --nnodes)."""
     return str(nodes[0]) if nodes[0] == nodes[1] else f"{nodes[0]}:{nodes[1]}"
@@ -323,7 +346,7 @@ def _metavar(kind: Callable[[Any], Any]) -> str:
         return "{" + ",".join(kind.choices) + "}"
     if isinstance(kind, Number):
         return "SECONDS" if kind.unit == "seconds" else "X"
-    return {Integer: "N", ProcessCount: "N|auto", Host: "HOST", NodeRange: "N|MIN:MAX"}.get(type(kind), "VALUE")
+    return {Integer: "N", ProcessCount: "N|auto", Host: "HOST", NodeRange: "N|MIN:MAX", RdzvConf: "KEY=VALUE,..."}.get(type(kind), "VALUE")
 
 
 def parse_args(
@@ -370,7 +393,11 @@ RDZV_ID = Setting(
     "rdzv_id", "the job's rendezvous id, the same on every node (default: from the job's identity: OpenPAI's job "
     "and attempt, SLURM's job and step, else a digest of the job); with etcd, each run of the job gets a fresh "
     "generation of it", var="TRAINPOD_RDZV_ID", metavar="ID")
-RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID)
+RDZV_CONF = Setting(
+    "rdzv_conf", "torchrun's --rdzv-conf KEY=VALUE,... over trainpod's (an elastic job's: keep_alive_interval=1, "
+    "keep_alive_max_attempt=3, last_call_timeout=3; etcd: last_call_timeout=3)", RdzvConf(), var="TRAINPOD_RDZV_CONF",
+    metavar="KEY=VALUE,...")
+RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID, RDZV_CONF)
 TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND, INTERFACE, *RENDEZVOUS)
 
 CONNECT_TIMEOUT = Setting("connect_timeout", "seconds to wait for the master (DNS and port) before exit 69",
