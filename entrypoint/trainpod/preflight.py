@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 MIN_SHM_BYTES = 512 * 1024 * 1024
-PIP_NAMES = {"PIL": "Pillow"}  # import name -> what to pip install
+PIP_NAMES = {"PIL": "Pillow", "etcd": "python-etcd"}  # import name -> what to pip install
 RETRY_INTERVAL_S = 1.0
 
 Log = Callable[[str], None]
@@ -230,6 +230,8 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
     check_torch()
     if target is not None and target.needs:
         check_imports(target.needs, f"the example {target.module}" if target.module else "the job")
+    if topology.rdzv.backend == "etcd":
+        check_imports(("etcd",), "torch's etcd rendezvous (--rdzv-backend etcd; --rdzv-backend etcd-v3 needs no package)")
     master_ip = resolve_master(topology, connect_timeout)
     if topology.interface is None:
         name, why = network.interface_for(master_ip)
