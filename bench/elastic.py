@@ -22,7 +22,6 @@ import json
 import statistics
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,7 +38,7 @@ def variants(backend: str, endpoint: str):
     conf = ",".join(f"{k}={v}" for k, v in (ETCD_V2_CONF if backend == "etcd" else ELASTIC_CONF).items())
 
     def bare(workdir: Path, with_conf: bool):
-        argv = torchrun_argv(backend, endpoint, workdir, f"bare-{uuid.uuid4().hex[:8]}")
+        argv = torchrun_argv(backend, endpoint, workdir, f"bare-{workdir.name}")  # the same on both nodes
         if with_conf:
             at = argv.index("--max-restarts")
             argv[at:at] = ["--rdzv-conf", conf]
@@ -61,9 +60,14 @@ def measure(backends: list[str], rounds: int) -> dict:
                 for round_ in range(rounds):
                     for name, make in variants(backend, etcd.endpoint).items():  # alternating, round by round
                         workdir = Path(tmp, f"{backend}-{round_}-{name.replace(' ', '-').replace(',', '')}")
-                        result = scale_down(lambda make=make, workdir=workdir: make(workdir), clean_env(), workdir, TIMEOUT_S)
+                        try:
+                            result = scale_down(lambda make=make, workdir=workdir: make(workdir), clean_env(), workdir,
+                                                TIMEOUT_S)
+                        except AssertionError as error:  # never formed world 2: reported, not measured
+                            print(f"bench-elastic: {backend} {name}: {str(error)[-3000:]}", file=sys.stderr)
+                            result = {"survivor_code": None, "recovery_s": None, "survivor": None}
                         ok = result["survivor_code"] == 0 and result["recovery_s"] is not None
-                        if not ok:
+                        if not ok and result["survivor"] is not None:
                             print(f"bench-elastic: {backend} {name}: no recovery (exit {result['survivor_code']}):\n"
                                   + result["survivor"].text()[-3000:], file=sys.stderr)
                         runs.setdefault(name, []).append(result["recovery_s"] if ok else float("nan"))

@@ -136,6 +136,7 @@ class AgentPolicy:
         node = log.node_from_env()
         self._say = log.writer(node)
         self.node_rank = int(node) if node and node.isdigit() else 0
+        self.node_label = node or "?"  # '?': the rendezvous numbers the nodes (etcd, an elastic c10d job)
         self.nnodes = int(os.environ.get("TRAINPOD_NNODES", "1"))
         self.min_nodes = int(os.environ.get("TRAINPOD_MIN_NODES", str(self.nnodes)))
         self.elastic = self.min_nodes < self.nnodes  # nodes may leave and join (trainpod.topology.Rendezvous)
@@ -154,8 +155,9 @@ class AgentPolicy:
         self._nodes: int | None = None  # nodes in the last rendezvous round (an elastic job's membership)
         self._counted = False  # a failure since that round was counted by the budget
         self._provisional: restarts.Decision | None = None  # the budget's end, unless a node left (elastic)
-        # The stop key lives in the store c10d's host node keeps: a fixed-size c10d job's (see _elastic notes).
-        if self.nnodes > 1 and not self.elastic and _backend(spec.rdzv_handler) == "c10d":
+        # The stop key lives in the store c10d's host node keeps: a fixed-size c10d job's (the module docstring)
+        # (and only where the node ranks are known: node 0's agent is the store's host).
+        if self.nnodes > 1 and not self.elastic and _backend(spec.rdzv_handler) == "c10d" and node and node.isdigit():
             store = getattr(spec.rdzv_handler, "_store", None)
             if store is not None:
                 master = (str(getattr(store, "host", "?")), int(getattr(store, "port", 0)))  # a TCPStore's endpoint
@@ -186,7 +188,7 @@ class AgentPolicy:
         except SignalException as error:
             if getattr(error, "code", None) is None:  # this node's own SIGTERM: stop the others first
                 code = 128 + int(error.sigval)
-                why = f"node {self.node_rank} received {signal.Signals(error.sigval).name}"
+                why = f"node {self.node_label} received {signal.Signals(error.sigval).name}"
                 self.budget.end(code, why)
                 if self.control is not None:
                     self.control.announce(code, why)

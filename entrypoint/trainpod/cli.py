@@ -42,10 +42,11 @@ EXIT_CODES = f"""\
 exit codes:
   0    success
   {EXIT_USAGE}   usage error: a bad or conflicting flag (one line names it)
-  {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout, or went away
-       after the job started and did not come back within --rejoin-timeout
+  {EXIT_UNAVAILABLE}   the master (or etcd: --rdzv-endpoint) was unreachable (or did not resolve) within
+       --connect-timeout, or went away after the job started and did not come back within --rejoin-timeout
   {EXIT_CANTCREAT}   a checkpoint could not be written: no space or no permission (not restarted)
-  {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete (one line names it)
+  {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete, or etcd lacks the API the backend needs
+       (one line names it)
   143  stopped by SIGTERM, on this node or on another node of the job (not restarted)
   other  the training's own exit code (128+N: its rank was killed by signal N)
 """
