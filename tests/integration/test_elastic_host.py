@@ -4,6 +4,7 @@
   backend (etcd with --enable-v2), form world 2 and train cifar10-ddp; SIGKILL of every process of
   rank 0's node makes the survivor re-rendezvous at world 1, resume from the shared checkpoint and
   finish with 0. The seconds from the kill to its first step at world 1 are printed.
+- SIGTERM to one node: it leaves with 143, every rank checkpoints, the survivor goes on at world 1.
 - `--rdzv-backend etcd` against an etcd without v2: 78 and one line naming the endpoint and both fixes.
 - The same command twice in a row works (each run meets in a fresh generation of the id), and two
   jobs on one etcd at once never meet.
@@ -51,6 +52,18 @@ def test_a_lost_node_leaves_the_survivor_training_at_world_one(backend, server, 
     assert metrics["world_size"] == 1 and metrics["steps"] > 0
     print(f"\n{backend}: world 2 formed {result['formed_s']:.1f} s after the start; lost node -> first step at world 1: "
           f"{result['recovery_s']:.1f} s")
+
+
+def test_a_stopped_node_leaves_and_the_survivor_goes_on_from_its_checkpoint(etcd, tmp_path):
+    """SIGTERM to one node of an elastic job: that node leaves with 143 (no stop key ends the others); every
+    rank checkpoints at the same step (the stop vote) and the survivor goes on from there at world 1."""
+    result = scale_down(lambda: trainpod_argv("etcd-v3", etcd.endpoint, tmp_path), clean_env(), tmp_path, TIMEOUT_S,
+                        how="term")
+    text = result["survivor"].text()
+    assert result["lost_code"] == 143, result["lost"].text()[-3000:]
+    assert result["survivor_code"] == 0, text[-5000:]
+    assert "another node of this elastic job was stopped" in text and "world 1, backend gloo" in text
+    print(f"\netcd-v3: stopped node -> first step at world 1: {result['recovery_s']:.1f} s")
 
 
 def test_torchs_etcd_backend_without_v2_is_78_in_one_line(etcd, tmp_path):
