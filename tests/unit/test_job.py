@@ -40,3 +40,15 @@ def test_a_preflight_failure_is_one_line_with_the_node_prefix():
     assert result.returncode == 69, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("[node1] trainpod: error: master address 'no-such-host.invalid'")
+
+
+def test_an_elastic_etcd_spec_round_trips_through_json():
+    from trainpod.topology import Rendezvous
+
+    topology = Topology(source="etcd", nnodes=4, node_rank=None, nproc_per_node=1, master_addr="10.0.0.9", master_port=2379,
+                        backend="gloo", interface="eth0",
+                        rendezvous=Rendezvous(backend="etcd-v3", endpoint="10.0.0.9:2379", id="job-1", min_nodes=2, max_nodes=4,
+                                              settings={"last_call_timeout": "3"}, id_origin="--rdzv-id"))
+    spec = JobSpec(topology=topology, target=Target(command=("x",)), connect_timeout=5.0, term_grace=25.0, max_restarts=3)
+    again = JobSpec.from_json(spec.to_json())
+    assert again == spec and again.topology.rdzv.elastic and again.topology.node_rank is None
