@@ -18,6 +18,8 @@
    the progress signal's and the hang watch's cost on steady samples/s, side by side.
 8. The images (bench/images.py, first, as it builds and runs nothing): each flavour's size and
    layers, its cold and warm build times, and the Apex build's time, memory and wheel size.
+9. Elastic recovery (bench/elastic.py, on this host with a real etcd): from a lost node to the survivor's
+   first step at world 1, per backend (etcd-v3, etcd), `trainpod run` vs bare torchrun with the same rendezvous.
 """
 
 from __future__ import annotations
@@ -127,10 +129,18 @@ def bench_hangs() -> dict:
     return tagged(done.stdout, "bench-hangs: ")
 
 
+def bench_elastic() -> str:
+    done = subprocess.run([sys.executable, str(HERE / "elastic.py")], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench: elastic failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    return done.stdout[done.stdout.index("elastic recovery:"):].rstrip()
+
+
 def main() -> int:
     print(images.report(), flush=True)
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
+    elastic = bench_elastic()
     hangs = bench_hangs()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
@@ -166,6 +176,7 @@ def main() -> int:
           f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)")
 
     print("\n" + recovery_report(recovery))
+    print("\n" + elastic)
     print("\n" + examples.report(example_figures))
     print("\n" + launchers.report(launchers.measure()))
     print("\n" + hangs_report(hangs))

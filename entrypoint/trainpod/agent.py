@@ -13,7 +13,8 @@ killed and counts as a failed one with code 124, which the same policy decides o
 
 torch offers no hook for these changes, so the agent relies on some of torch's private API:
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
-`_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_remaining_restarts`, `_worker_group`,
+`_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_rendezvous()` (then
+`_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`,
 `_pcontext.stderrs` and the c10d rendezvous handler's `_store`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
@@ -42,7 +43,7 @@ def torch_internals_missing() -> list[str]:
     missing = []
     if getattr(launcher, "LocalElasticAgent", None) is not LocalElasticAgent:
         missing.append("torch.distributed.launcher.api.LocalElasticAgent (the class the launcher builds)")
-    for method in ("_monitor_workers", "_start_workers", "_invoke_run", "_shutdown"):
+    for method in ("_monitor_workers", "_start_workers", "_invoke_run", "_shutdown", "_rendezvous"):
         if not callable(getattr(LocalElasticAgent, method, None)):
             missing.append(f"LocalElasticAgent.{method}()")
     missing += _rendezvous_store_missing()
@@ -139,9 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     node = log.node_from_env() or "?"
     say = log.writer(node)
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     _prefix_logs(log.tag(node) + " ")
@@ -149,35 +147,75 @@ def main(argv: list[str] | None = None) -> int:
     if watch is not None:
         os.environ.update(watch.environment())  # the ranks inherit the agent's environment
     _install_agent_class(say, watch)
+    # trainpod's own rendezvous backend (etcd's v3 API) must be in torch's registry before the launcher
+    # creates the handler for --rdzv-backend etcd-v3.
+    from trainpod.rendezvous import etcd_v3
+
+    etcd_v3.register()
 
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
     args = parser.parse_args(argv)
+    code, signalled = _run(run, args, say)
+    # torch's launcher closed the rendezvous (it does at any end but a signal); a signal that ended a
+    # fixed-size job (SIGTERM, or another node's stop) leaves it open, with this run's nodes in it.
+    elastic = int(os.environ.get("TRAINPOD_MIN_NODES", "0") or 0) < int(os.environ.get("TRAINPOD_NNODES", "0") or 0)
+    if not signalled or not elastic:
+        _next_generation(args.rdzv_endpoint, say)
+    return code
+
+
+def _next_generation(endpoint: str, say: log.Log) -> None:
+    """With etcd: this run is over, so the job's next run meets in the next generation
+    (trainpod.rendezvous.generation). Best effort: with etcd gone now, the next run of the job would
+    meet this run's closed rendezvous, and the warning says so."""
+    from trainpod.rendezvous import generation
+
+    base, number = os.environ.get(generation.BASE_VAR), os.environ.get(generation.GENERATION_VAR)
+    if not base or number is None:
+        return
+    from trainpod.rendezvous.etcd_http import EtcdClient
+
+    try:
+        generation.advance(EtcdClient(endpoint, 5.0), base, int(number))
+    except Exception as error:  # etcd gone: the run's result matters more than the next run's id
+        say(f"warning: could not advance the rendezvous generation of {base} in etcd ({type(error).__name__}: {error}): "
+            f"the next run of this job may meet the closed rendezvous {generation.run_id(base, int(number))}")
+
+
+def _run(run, args, say: log.Log) -> tuple[int, bool]:
+    """(exit code, whether a signal ended the run) of torchrun's run()."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
     try:
         run(args)
     except ChildFailedError as error:
         policy = agent_policy.current()
         if policy is not None and policy.final is not None:
-            return policy.final.code  # decided, and said, by the policy
+            return policy.final.code, False  # decided, and said, by the policy
         _report(error.failures, say)
-        return agent_policy.exit_code(error.get_first_failure()[1].exitcode)
+        return agent_policy.exit_code(error.get_first_failure()[1].exitcode), False
+    except agent_policy.JobEnded as ended:
+        return ended.code, False  # said by the policy: an elastic job's real failure, decided by the budget
     except agent_policy.MasterLost:
-        return EXIT_UNAVAILABLE  # said by the policy; final or not, it is in the budget for the supervisor
+        return EXIT_UNAVAILABLE, False  # said by the policy; final or not, it is in the budget for the supervisor
     except SignalException as error:
         if getattr(error, "code", None) is not None:  # another node ended the job (trainpod.control)
-            return error.code
+            return error.code, True
         # torchrun has already stopped the workers; a stop request is no crash, so no traceback.
         say(f"received {signal.Signals(error.sigval).name}: the workers were stopped")
-        return 128 + error.sigval
+        return 128 + error.sigval, True
     except RendezvousError as error:
         policy = agent_policy.current()
         if policy is not None and policy.rendezvous_failed():
-            return EXIT_UNAVAILABLE  # the master went away after the start: waited --rejoin-timeout for it
+            return EXIT_UNAVAILABLE, False  # the master went away after the start: waited --rejoin-timeout for it
         # The other nodes did not come (or the store went away): as transient as an unreachable master.
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         say(f"error: rendezvous at {args.rdzv_endpoint} failed: {type(error).__name__}: {first_line}")
-        return EXIT_UNAVAILABLE
-    return 0
+        return EXIT_UNAVAILABLE, False
+    return 0, False
 
 
 if __name__ == "__main__":

@@ -16,6 +16,22 @@ agent.py the plumbing (logs, exit codes). Per failed worker group, in order:
 And on SIGTERM (docker stop, pre-emption) the agent sets the stop key before it signals its own
 ranks, and node 0, which holds the store, keeps it up until the others saw it.
 
+Elastic jobs (--nnodes MIN:MAX with MIN < MAX) differ: a node that leaves is a membership change,
+not the end of the job, so there is no stop key (JobControl runs only in fixed-size c10d jobs):
+
+- SIGTERM to one node: that node leaves. Its agent stops its ranks and exits 143; nothing tells the
+  other nodes to stop. With trainpod's stop vote (trainpod.preemption, the bundled examples) every
+  rank of the job checkpoints at the same step and exits 143: the other nodes' agents take a rank's
+  143 that they did not cause as the membership change it is and re-rendezvous without the node,
+  resuming from that checkpoint; without the vote, their ranks fail in their next collective, and
+  the rule below applies. (The whole job is stopped by stopping every node.)
+- A failed worker group is decided by the budget as always, but the next rendezvous tells what it
+  was: if it has a different number of nodes, a node left (or joined) and the failure was that
+  change, so the restart it counted is given back (restarts.Budget.membership_changed) and it is
+  not "the same failure" as the next one. When the budget would end the job (spent, or the same
+  failure twice), the agent first re-rendezvouses once: fewer nodes -> a membership change, go on;
+  the same nodes -> the failure was real, and the job ends with the budget's code and line.
+
 Every rank is started through trainpod.orphans (it dies with the agent), and reports its progress
 to TRAINPOD_PROGRESS_DIR (set here when the launcher did not: the supervisor's directory, which
 outlives the agent, or a temporary one).
@@ -72,6 +88,14 @@ def describe_failure(failure) -> str:
     return describe_exit(failure.exitcode)
 
 
+class JobEnded(Exception):
+    """The budget ended an elastic job once the rendezvous showed the same nodes again (no membership change)."""
+
+    def __init__(self, code: int, line: str):
+        super().__init__(line)
+        self.code = code
+
+
 class MasterLost(Exception):
     """The master's agent went away after the job started; `final`: it did not come back in time."""
 
@@ -112,7 +136,10 @@ class AgentPolicy:
         node = log.node_from_env()
         self._say = log.writer(node)
         self.node_rank = int(node) if node and node.isdigit() else 0
+        self.node_label = node or "?"  # '?': the rendezvous numbers the nodes (etcd, an elastic c10d job)
         self.nnodes = int(os.environ.get("TRAINPOD_NNODES", "1"))
+        self.min_nodes = int(os.environ.get("TRAINPOD_MIN_NODES", str(self.nnodes)))
+        self.elastic = self.min_nodes < self.nnodes  # nodes may leave and join (trainpod.topology.Rendezvous)
         if not os.environ.get(progress.DIR_VAR):
             os.environ[progress.DIR_VAR] = progress_dir()  # the ranks inherit the agent's environment
         self._progress_dir = os.environ[progress.DIR_VAR]
@@ -125,7 +152,12 @@ class AgentPolicy:
         self.started = False  # the first worker group ran: a lost master is now a lost job
         self._attempt_started = time.monotonic()
         self.control: JobControl | None = None
-        if self.nnodes > 1:
+        self._nodes: int | None = None  # nodes in the last rendezvous round (an elastic job's membership)
+        self._counted = False  # a failure since that round was counted by the budget
+        self._provisional: restarts.Decision | None = None  # the budget's end, unless a node left (elastic)
+        # The stop key lives in the store c10d's host node keeps: a fixed-size c10d job's (the module docstring)
+        # (and only where the node ranks are known: node 0's agent is the store's host).
+        if self.nnodes > 1 and not self.elastic and _backend(spec.rdzv_handler) == "c10d" and node and node.isdigit():
             store = getattr(spec.rdzv_handler, "_store", None)
             if store is not None:
                 master = (str(getattr(store, "host", "?")), int(getattr(store, "port", 0)))  # a TCPStore's endpoint
@@ -156,11 +188,30 @@ class AgentPolicy:
         except SignalException as error:
             if getattr(error, "code", None) is None:  # this node's own SIGTERM: stop the others first
                 code = 128 + int(error.sigval)
-                why = f"node {self.node_rank} received {signal.Signals(error.sigval).name}"
+                why = f"node {self.node_label} received {signal.Signals(error.sigval).name}"
                 self.budget.end(code, why)
                 if self.control is not None:
                     self.control.announce(code, why)
             raise
+
+    def _rendezvous(self, worker_group):
+        """torch's rendezvous, then: did the membership change since the last round (elastic jobs)?"""
+        before = self._nodes
+        super()._rendezvous(worker_group)
+        after = self._nodes = worker_group.group_world_size
+        counted, provisional = self._counted, self._provisional
+        self._counted, self._provisional = False, None
+        if before is None or after == before:
+            if provisional is not None:
+                line = f"the same {after} node(s) met again, so no node left: {provisional.line}"
+                self._say(line)
+                self.final = self.budget.end(provisional.code, line)
+                raise JobEnded(provisional.code, line)
+            return
+        self._say(f"the job now has {after} node(s), {before} before: a membership change"
+                  + (", not counted against --max-restarts" if counted or provisional is not None else ""))
+        if counted or provisional is not None:
+            self.budget.membership_changed()
 
     def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
         super()._shutdown(death_sig, timeout)
@@ -181,6 +232,14 @@ class AgentPolicy:
                 raise self._stopped_by(control.stop)
         rank, first = _first_failure(result.failures)
         code = exit_code(first.exitcode)
+        if self.elastic and code == restarts.EXIT_STOPPED:
+            # Not this node's SIGTERM (that ends _invoke_run first): another node was stopped and every rank
+            # voted to stop with it (trainpod.preemption) after a checkpoint. The job goes on without it.
+            self._say(f"rank {rank} {describe_failure(first)}: another node of this elastic job was stopped and every rank "
+                      "checkpointed; re-rendezvous without it (not counted against --max-restarts)")
+            self._remaining_restarts = max(1, self._remaining_restarts)
+            self._attempt_started = time.monotonic()
+            return
         committed, step = restarts.reported(self._progress_dir)
         if control is not None:
             committed = max(committed, control.job_committed)
@@ -191,9 +250,17 @@ class AgentPolicy:
         for global_rank, each in sorted(result.failures.items()):
             self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_failure(each)}")
         decision = self.budget.decide(failure)
-        self._say(("restarting the worker group: " if decision.restart else "") + decision.line)
         max_restarts = self._worker_group.spec.max_restarts
+        if self.elastic and not decision.restart and decision.code not in restarts.NEVER_RESTARTED:
+            # A node that left makes the others fail too: the next rendezvous tells (_rendezvous).
+            self._say(f"{decision.line}, unless a node left the job: one more rendezvous tells (an elastic job)")
+            self._provisional = decision
+            self._remaining_restarts = max(1, self._remaining_restarts)
+            self._attempt_started = time.monotonic()
+            return
+        self._say(("restarting the worker group: " if decision.restart else "") + decision.line)
         if decision.restart:
+            self._counted = True
             # torch takes one off, then tells the ranks TORCHELASTIC_RESTART_COUNT = max - remaining:
             # the restarts without progress so far.
             self._remaining_restarts = max(1, max_restarts - decision.used + 1)
@@ -235,6 +302,13 @@ class AgentPolicy:
         except MasterLost:
             return True
         return True
+
+
+def _backend(handler) -> str:
+    try:
+        return handler.get_backend()
+    except Exception:  # a handler without one (a test's): the launcher's default
+        return "c10d"
 
 
 def _first_failure(failures):

@@ -16,16 +16,18 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from trainpod import __version__, environments, job, jobs, log, settings
 from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import check_command
+from trainpod.rendezvous import ids
 from trainpod.resolve import Options, resolve_topology
 from trainpod.settings import ArgumentParser, Choice, Setting, Switch
 from trainpod.supervise import Policy, run_supervised, stop_wait_s
-from trainpod.topology import Topology
+from trainpod.topology import RDZV_NOTES, Topology
 
 DESCRIPTION = """\
 Start distributed PyTorch training in a container on any cluster.
@@ -40,10 +42,11 @@ EXIT_CODES = f"""\
 exit codes:
   0    success
   {EXIT_USAGE}   usage error: a bad or conflicting flag (one line names it)
-  {EXIT_UNAVAILABLE}   the master was unreachable (or did not resolve) within --connect-timeout, or went away
-       after the job started and did not come back within --rejoin-timeout
+  {EXIT_UNAVAILABLE}   the master (or etcd: --rdzv-endpoint) was unreachable (or did not resolve) within
+       --connect-timeout, or went away after the job started and did not come back within --rejoin-timeout
   {EXIT_CANTCREAT}   a checkpoint could not be written: no space or no permission (not restarted)
-  {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete (one line names it)
+  {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete, or etcd lacks the API the backend needs
+       (one line names it)
   143  stopped by SIGTERM, on this node or on another node of the job (not restarted)
   other  the training's own exit code (128+N: its rank was killed by signal N)
 """
@@ -152,22 +155,41 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
         raise error_for(origin)(f"{origin}={topology.nnodes}: the example {example.name} trains on at most {example.max_nodes} "
                                 "node(s) (DataParallel stays in one process); across nodes use cifar10-ddp")
     target = _target(values.example, command, args.command, required)
+    if topology.max_restarts is not None and values.origins["max_restarts"] == "default":
+        values.max_restarts, values.origins["max_restarts"] = topology.max_restarts, topology.origins["max_restarts"]
+    rdzv = topology.rdzv
+    if not rdzv.id:
+        # Nothing names the job: the same job on every node has the same shape and runs the same thing.
+        shape = [rdzv.backend, rdzv.endpoint, rdzv.nnodes, str(topology.nproc_per_node)]
+        what = [target.module or "", *target.command, *target.args] if target else []
+        made = ids.digest_id([*shape, *what])
+        topology = replace(topology, rendezvous=replace(rdzv, id=made, id_origin="digest of the job (no job identity found)"),
+                           origins={**topology.origins, "rdzv_id": "digest of the job (no job identity found)"})
     return topology, values, target
 
 
 def _explain_table(topology: Topology, command: str | None) -> str:
+    rdzv = topology.rdzv
+    elastic = f" (elastic: {rdzv.min_nodes} to {rdzv.max_nodes} nodes)" if rdzv.elastic else ""
+    world = f"{rdzv.min_nodes * topology.nproc_per_node}:{topology.world_size}" if rdzv.elastic else topology.world_size
     rows = [
         ("source", topology.source, ""),
-        ("nnodes", topology.nnodes, topology.origins.get("nnodes", "")),
-        ("node_rank", topology.node_rank, topology.origins.get("node_rank", "")),
+        ("nnodes", rdzv.nnodes, topology.origins.get("nnodes", "") + elastic),
+        ("node_rank", topology.node_label, topology.origins.get("node_rank", "")),
         ("nproc_per_node", topology.nproc_per_node, topology.origins.get("nproc_per_node", "")),
-        ("world_size", topology.world_size, "nnodes x nproc_per_node"),
+        ("world_size", world, "nnodes x nproc_per_node"),
         ("master_addr", topology.master_addr, topology.origins.get("master_addr", "")),
         ("master_port", topology.master_port, topology.origins.get("master_port", "")),
         ("backend", topology.backend, topology.origins.get("backend", "")),
         ("interface", topology.interface or "(not yet known)", f"{topology.origins.get('interface', '')}: {topology.interface_reason}"),
-        ("rendezvous", topology.rendezvous, ""),
+        ("rdzv_backend", rdzv.backend, f"{topology.origins.get('rdzv_backend', 'default')}: {RDZV_NOTES[rdzv.backend]}"),
+        ("rdzv_endpoint", rdzv.endpoint, topology.origins.get("rdzv_endpoint", "the master's address and port")),
+        ("rdzv_id", rdzv.id + (".g<N>" if rdzv.uses_etcd else ""),
+         rdzv.id_origin + ("; N: the job's generation in etcd, one more after each run" if rdzv.uses_etcd else "")),
     ]
+    if rdzv.settings:
+        rows.append(("rdzv_conf", ",".join(f"{k}={v}" for k, v in rdzv.settings.items()),
+                     topology.origins.get("rdzv_conf", "default") + " over trainpod's defaults"))
     width = max(len(str(value)) for _, value, _ in rows)
     lines = [f"{name:<15} {str(value):<{width}}  {origin}".rstrip() for name, value, origin in rows]
     lines += [f"warning: {w}" for w in topology.warnings]
@@ -215,7 +237,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     # supervised); the job itself runs, and is restarted, under supervisord.
     policy = Policy(max_restarts=values.max_restarts, backoff_s=values.restart_backoff, progress_window=values.progress_window)
     argv = [sys.executable, "-m", "trainpod.job"]
-    return run_supervised(argv, {**os.environ, job.SPEC_VAR: spec.to_json()}, policy, topology.node_rank,
+    return run_supervised(argv, {**os.environ, job.SPEC_VAR: spec.to_json()}, policy, topology.node_label,
                           stop_wait=stop_wait_s(values.term_grace))
 
 

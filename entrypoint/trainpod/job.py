@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NoReturn
 
 from trainpod import devices, log, orphans
@@ -87,17 +87,39 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     note = gloo_fallback_note(topology, devices.torch_cuda_version())
     if note:
         say(note)
+    topology, extra = _generation(topology, spec.connect_timeout)
     # The whole budget: the agent reads what is spent (trainpod.restarts) and decides each restart.
     plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=spec.max_restarts,
                       term_grace=spec.term_grace, join_timeout=spec.connect_timeout,
                       progress_window=spec.progress_window, rejoin_timeout=spec.rejoin_timeout,
                       hang_timeout=spec.hang_timeout)
-    say(
-        f"{topology.source}: node {topology.node_rank} of {topology.nnodes}, {topology.nproc_per_node} process(es) per node, "
-        f"master {topology.master_addr}:{topology.master_port}, {topology.backend} over {topology.interface}"
-    )
+    rdzv = topology.rdzv
+    where = (f"node {topology.node_rank} of {topology.nnodes}" if topology.node_rank is not None
+             else f"{rdzv.nnodes} nodes, this one's rank from the rendezvous")
+    meet = (f"master {topology.master_addr}:{topology.master_port}" if rdzv.backend == "c10d"
+            else f"{rdzv.backend} rendezvous {rdzv.id} at {rdzv.endpoint}")
+    say(f"{topology.source}: {where}, {topology.nproc_per_node} process(es) per node, {meet}, "
+        f"{topology.backend} over {topology.interface}")
     sys.stdout.flush()
-    os.execvpe(plan.argv[0], plan.argv, {**env, **plan.env})
+    os.execvpe(plan.argv[0], plan.argv, {**env, **plan.env, **extra})
+
+
+def _generation(topology: Topology, timeout: float) -> tuple[Topology, dict[str, str]]:
+    """With etcd: the id of this run's rendezvous, `<id>.g<N>` (trainpod.rendezvous.generation), and what
+    the agent needs to advance N when its run closes the rendezvous. etcd answered the preflight just now."""
+    rdzv = topology.rdzv
+    if not rdzv.uses_etcd:
+        return topology, {}
+    from trainpod.errors import UnreachableError
+    from trainpod.rendezvous import generation
+    from trainpod.rendezvous.etcd_http import EtcdClient, EtcdUnreachableError
+
+    try:
+        number = generation.current(EtcdClient(rdzv.endpoint, min(timeout, 10.0)), rdzv.id)
+    except EtcdUnreachableError as error:
+        raise UnreachableError(f"etcd at {rdzv.endpoint}: reading the job's rendezvous generation: {error}") from None
+    topology = replace(topology, rendezvous=replace(rdzv, id=generation.run_id(rdzv.id, number)))
+    return topology, {generation.BASE_VAR: rdzv.id, generation.GENERATION_VAR: str(number)}
 
 
 def main() -> int:

@@ -15,7 +15,6 @@ from trainpod.examples import EXAMPLES
 from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE
 from trainpod.topology import Topology
 
-RDZV_ID = "trainpod"  # the store is this job's own (node 0's agent, master port): no clash to avoid
 SHUTDOWN_MARGIN_S = 5
 
 
@@ -66,10 +65,10 @@ class LaunchPlan:
         return shlex.join(self.argv)
 
 
-def _no_proxy(env: Mapping[str, str], master_addr: str) -> str:
+def _no_proxy(env: Mapping[str, str], master_addr: str, more: Sequence[str] = ()) -> str:
     current = env.get("NO_PROXY", env.get("no_proxy", ""))
     entries = [e.strip() for e in current.split(",") if e.strip()]
-    for host in (master_addr, "127.0.0.1", "localhost"):
+    for host in (master_addr, *more, "127.0.0.1", "localhost"):
         if host not in entries:
             entries.append(host)
     return ",".join(entries)
@@ -82,8 +81,22 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _endpoint(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _rdzv_conf(topology: Topology, join_timeout: float) -> str:
+    """torchrun's --rdzv-conf: the rendezvous' own settings, and the join timeout in its backend's word."""
+    rdzv = topology.rdzv
+    conf: dict[str, str] = {}
+    if rdzv.backend == "c10d" and topology.node_rank is not None:
+        # Node 0 hosts the store; the flag says so, as the host name heuristic torch would use fails in
+        # containers. Without a node rank (an elastic c10d job) torch matches the endpoint to its addresses.
+        conf["is_host"] = "true" if topology.node_rank == 0 else "false"
+    # torch's etcd backend calls the join timeout `timeout`; the dynamic ones (c10d, etcd-v3) `join_timeout`.
+    conf["timeout" if rdzv.backend == "etcd" else "join_timeout"] = str(math.ceil(join_timeout))
+    conf.update(rdzv.settings)
+    return ",".join(f"{key}={value}" for key, value in conf.items())
+
+
+def _hosts(endpoints: str) -> list[str]:
+    return [e.rpartition(":")[0].strip("[]") for e in endpoints.split(",") if e.strip()]
 
 
 def build_plan(
@@ -104,18 +117,18 @@ def build_plan(
     checkpoint; `join_timeout`: how long the rendezvous waits for every node (a restarted node
     included); `progress_window`, `rejoin_timeout`: for the agent (trainpod.agent_policy);
     `hang_timeout`: for the agent's hang watch (trainpod.hang; 0: off)."""
-    # c10d, not static: after a failure every agent re-joins a new rendezvous round, so a
-    # restarted worker group (or a restarted node) meets the others in a fresh store namespace.
-    # Node 0 hosts the store on the master port; the flag says so, as the hostname heuristic
-    # torch would use fails in containers.
-    rdzv_conf = f"is_host={'true' if topology.is_master else 'false'},join_timeout={math.ceil(join_timeout)}"
+    # A dynamic rendezvous (c10d, etcd, etcd-v3), never static: after a failure every agent re-joins a
+    # new round, so a restarted worker group (or a restarted node) meets the others in a fresh store
+    # namespace, and an elastic job's nodes leave and join there. etcd-v3 is trainpod's own backend:
+    # the agent registers it with torch (trainpod.agent).
+    rdzv = topology.rdzv
     torchrun = [
-        "--nnodes", str(topology.nnodes),
+        "--nnodes", rdzv.nnodes,
         "--nproc-per-node", str(topology.nproc_per_node),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", _endpoint(topology.master_addr, topology.master_port),
-        "--rdzv-id", RDZV_ID,
-        "--rdzv-conf", rdzv_conf,
+        "--rdzv-backend", rdzv.backend,
+        "--rdzv-endpoint", rdzv.endpoint,
+        "--rdzv-id", rdzv.id,
+        "--rdzv-conf", _rdzv_conf(topology, join_timeout),
         "--max-restarts", str(max_restarts),
         # torchrun SIGKILLs workers this long after its SIGTERM: the grace, and time to exit.
         "--shutdown-timeout", str(math.ceil(term_grace) + SHUTDOWN_MARGIN_S),
@@ -125,14 +138,15 @@ def build_plan(
     if topology.local_addr:
         torchrun += ["--local-addr", topology.local_addr]  # published to peers instead of the host name
     added = {
-        log.NODE_RANK_VAR: str(topology.node_rank),  # the agent's log prefix
+        log.NODE_RANK_VAR: topology.node_label,  # the agent's log prefix
         "TRAINPOD_NNODES": str(topology.nnodes),
+        "TRAINPOD_MIN_NODES": str(rdzv.min_nodes),  # read by the agent: below nnodes, an elastic job
         "TRAINPOD_BACKEND": topology.backend,
         TERM_GRACE.var: f"{term_grace:g}",  # read by trainpod.preemption in the ranks
         PROGRESS_WINDOW.var: f"{progress_window:g}",  # read by the agent's restart budget
         REJOIN_TIMEOUT.var: f"{rejoin_timeout:g}",  # read by the agent: how long a lost master may take
-        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": log.rank_tag_template(topology.node_rank),
-        "NO_PROXY": _no_proxy(env, topology.master_addr),
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": log.rank_tag_template(topology.node_label),
+        "NO_PROXY": _no_proxy(env, topology.master_addr, _hosts(rdzv.endpoint)),
     }
     added["no_proxy"] = added["NO_PROXY"]
     added.update(hang.plan_env(env, hang_timeout))  # the hang watch: progress files, flight recorder

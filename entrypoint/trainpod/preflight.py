@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 MIN_SHM_BYTES = 512 * 1024 * 1024
-PIP_NAMES = {"PIL": "Pillow"}  # import name -> what to pip install
+PIP_NAMES = {"PIL": "Pillow", "etcd": "python-etcd"}  # import name -> what to pip install
 RETRY_INTERVAL_S = 1.0
 
 Log = Callable[[str], None]
@@ -198,6 +198,35 @@ def wait_for_master(topology: Topology, master_ip: str, timeout: float, env: Map
         time.sleep(RETRY_INTERVAL_S)
 
 
+def check_etcd(topology: Topology, timeout: float, log: Log, probe_timeout: float = 5.0):
+    """etcd answers within `timeout` (bounded wait, then 69 naming every endpoint tried) and serves what the
+    backend needs: torch's `etcd` rendezvous speaks only the v2 API (78 with both fixes where it is off)."""
+    from trainpod.rendezvous.etcd_http import EtcdUnreachableError, probe
+
+    rdzv = topology.rdzv
+    origin = topology.origins.get("rdzv_endpoint", "--rdzv-endpoint")
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        try:
+            info = probe(rdzv.endpoint, timeout=max(0.5, min(probe_timeout, deadline - time.monotonic())))
+            break
+        except EtcdUnreachableError as error:
+            if time.monotonic() + RETRY_INTERVAL_S > deadline:
+                raise UnreachableError(f"etcd at {rdzv.endpoint} ({origin}) did not answer within {timeout:g}s "
+                                       f"(--connect-timeout): {error}; tried {rdzv.endpoint}") from None
+            if not said:
+                log(f"waiting up to {timeout:g}s for etcd at {rdzv.endpoint} ({error})")
+                said = True
+            time.sleep(RETRY_INTERVAL_S)
+    if rdzv.backend == "etcd" and not info.v2_enabled:
+        raise ConfigError(
+            f"etcd at {info.endpoint} ({origin}, etcd {info.version}) does not serve the v2 API that torch's etcd rendezvous "
+            f"(--rdzv-backend etcd, {topology.origins.get('rdzv_backend', '?')}) needs: start etcd with --enable-v2 "
+            "(3.4 and 3.5; 3.6 removed v2), or use --rdzv-backend etcd-v3 (etcd's v3 API, no flag needed)")
+    return info
+
+
 def check_interface(topology: Topology) -> None:
     """The interface the backend will use exists here, in that backend's syntax (network.check_ifname)."""
     origin = topology.origins.get("interface", "auto")
@@ -249,6 +278,8 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
     check_cuda_driver(topology, env)
     if target is not None and target.needs:
         check_imports(target.needs, f"the example {target.module}" if target.module else "the job")
+    if topology.rdzv.backend == "etcd":
+        check_imports(("etcd",), "torch's etcd rendezvous (--rdzv-backend etcd; --rdzv-backend etcd-v3 needs no package)")
     if target is not None and target.output_dir:
         check_writable(target.output_dir, "output directory {path} (--output-dir, TRAINPOD_OUTPUT_DIR)")
     if target is not None and target.checkpoint_dir and topology.node_rank == 0:  # where rank 0 saves them
@@ -273,8 +304,11 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
         why = " and ".join(w for w, used in (("DataLoader workers pass batches through it", workers),
                                              ("NCCL's transport between this node's ranks", nccl)) if used)
         check_shm(log, minimum=shm, why=why)
-    if topology.is_master:
+    if topology.rdzv.uses_etcd:
+        check_etcd(topology, connect_timeout, log)
+    elif topology.is_master:
         check_port_free(topology)
-    elif topology.nnodes > 1:
+    elif topology.nnodes > 1 and topology.node_rank is not None:
+        # (An elastic c10d node without a rank may be the store's host itself: torch finds out.)
         wait_for_master(topology, master_ip, connect_timeout, env, log)
     return topology

@@ -6,13 +6,19 @@ default. Every value keeps the name of where it came from, for `explain` and for
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from trainpod import devices, environments, network, settings
 from trainpod.environments.base import Discovery
-from trainpod.errors import ConfigError, UsageError, error_for
-from trainpod.topology import Topology
+from trainpod.environments.etcd import ETCD_BACKENDS, EtcdEnvironment, split_endpoint
+from trainpod.environments.single import SingleNodeEnvironment
+from trainpod.errors import ConfigError, TrainpodError, UsageError, error_for
+from trainpod.rendezvous import ids
+from trainpod.rendezvous.etcd_http import parse_endpoints
+from trainpod.topology import C10D_ID, Rendezvous, Topology, join_host_port
 
 
 class Options(dict):
@@ -84,6 +90,81 @@ def _interface(flag: str | None, env: Mapping[str, str], master_addr: str, resol
     return name, why, "auto", warnings
 
 
+def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, origins: dict) -> tuple[Rendezvous, list[str]]:
+    """The rendezvous (backend, endpoint, id, node range) from flags over the cluster's variables; fills
+    the master (c10d: the store's host; etcd: the route to etcd) in `values` where it comes from the endpoint."""
+    warnings: list[str] = []
+    backend, b_origin = given.rdzv_backend, given.origins["rdzv_backend"]
+    if backend is None and found.rdzv_backend:
+        backend, b_origin = found.rdzv_backend, found.origins.get("rdzv_backend", cls.name)
+    backend = backend or "c10d"
+    origins["rdzv_backend"] = b_origin
+    endpoint, e_origin = given.rdzv_endpoint, given.origins["rdzv_endpoint"]
+    if endpoint is None and found.rdzv_endpoint:
+        endpoint, e_origin = found.rdzv_endpoint, found.origins.get("rdzv_endpoint", cls.name)
+    if backend in ETCD_BACKENDS:
+        if not endpoint:
+            raise error_for(b_origin)(f"{b_origin}={backend}: the {backend} rendezvous needs etcd's address: pass "
+                                      "--rdzv-endpoint HOST:PORT[,HOST:PORT...] (or set TRAINPOD_RDZV_ENDPOINT)")
+        try:
+            endpoint = ",".join(parse_endpoints(endpoint))
+        except ValueError as bad:
+            raise error_for(e_origin)(f"{e_origin}={endpoint!r}: {bad}") from None
+        if values.get("master_addr") is None:
+            host, port = split_endpoint(endpoint, e_origin)
+            route = f"{e_origin} (etcd: the route to it picks the interface)"
+            values["master_addr"], values["master_port"] = host, values.get("master_port") or port
+            origins["master_addr"] = route
+            origins.setdefault("master_port", route)
+    elif endpoint:
+        host, port = _host_port(endpoint, e_origin)
+        values["master_addr"], values["master_port"] = host, port  # c10d: the store's host is the master
+        origins["master_addr"] = origins["master_port"] = e_origin
+        endpoint = join_host_port(host, port)
+    origins["rdzv_endpoint"] = e_origin if endpoint else "the master's address and port"
+
+    rdzv_id, i_origin = given.rdzv_id, given.origins["rdzv_id"]
+    if rdzv_id is None and found.rdzv_id:
+        rdzv_id, i_origin = found.rdzv_id, found.origins.get("rdzv_id", cls.name)
+    if rdzv_id is None and found.job_id:
+        rdzv_id, i_origin = found.job_id, found.origins.get("job_id", cls.name)
+    if rdzv_id is not None:
+        rdzv_id = ids.sanitize(rdzv_id)
+    else:  # c10d's store is the job's own; etcd's id is made from the job in cli (ids.digest_id)
+        rdzv_id, i_origin = (C10D_ID, "default (the store is the job's own)") if backend == "c10d" else ("", "default")
+    origins["rdzv_id"] = i_origin
+    conf = dict(given.rdzv_conf or {})
+    origins["rdzv_conf"] = given.origins["rdzv_conf"]
+    return Rendezvous(backend=backend, endpoint=endpoint or "", id=rdzv_id, id_origin=i_origin, settings=conf), warnings
+
+
+# How fast an elastic job notices a lost node and goes on without it. torch's defaults (a heartbeat every
+# 5 s, a node dead after 3 missed, then a 30 s "last call" for more nodes once MIN are there) put 40 s and
+# more between a lost node and the next round; these take it to about 6 s, for one small etcd write per
+# node a second (c10d: a store request). A node that starts more than 3 s after the others joins the
+# next round instead, which restarts the workers once (a membership change, not a failure).
+ELASTIC_CONF = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "3"}
+ETCD_V2_CONF = {"last_call_timeout": "3"}  # torch's etcd backend: its keep-alive TTLs are fixed (10 s)
+
+
+def _rdzv_defaults(rendezvous: Rendezvous) -> dict[str, str]:
+    if not rendezvous.elastic:
+        return {}
+    return dict(ETCD_V2_CONF if rendezvous.backend == "etcd" else ELASTIC_CONF)
+
+
+def _host_port(endpoint: str, origin: str) -> tuple[str, int]:
+    """c10d's endpoint: one HOST:PORT (torchrun's default port 29400 when left out)."""
+    try:
+        split = urllib.parse.urlsplit("//" + endpoint.strip())
+        host, port = split.hostname, split.port or 29400
+        if not host or split.path or "," in endpoint:
+            raise ValueError(endpoint)
+        return settings.MASTER_ADDR.parse(host, origin), port
+    except (ValueError, TrainpodError):
+        raise error_for(origin)(f"{origin}={endpoint!r}: expected the c10d store's HOST:PORT") from None
+
+
 def resolve_topology(
     options: Mapping[str, Any], env: Mapping[str, str], *, resolve_names: bool = True, nproc_per_node: tuple[int, str] | None = None
 ) -> Topology:
@@ -91,6 +172,8 @@ def resolve_topology(
     is (count, who fixes it) where what runs needs that many processes per node (DataParallel: 1)."""
     given = settings.resolve((environments.SOURCE, *settings.TOPOLOGY), options, env)
     cls = environments.select(env, given.source)
+    if not given.source and cls is SingleNodeEnvironment and given.rdzv_backend in ETCD_BACKENDS:
+        cls = EtcdEnvironment  # --rdzv-backend etcd*: no cluster source detects from a flag, and no other applies
     found = cls(env, options).discover()
     warnings = list(found.warnings)
     ignored = environments.ignored_sources(env, cls)
@@ -100,20 +183,47 @@ def resolve_topology(
 
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    for name in ("nnodes", "node_rank", "master_addr", "master_port"):
+    # The node count: a flag's N or MIN:MAX, else what the cluster says (PET_NNODES=1:4: an elastic range).
+    if given.nnodes is not None:
+        (min_nodes, nnodes), origins["nnodes"] = given.nnodes, given.origins["nnodes"]
+    elif "nnodes" in found.missing:
+        raise ConfigError(found.missing["nnodes"])
+    else:
+        nnodes, origins["nnodes"] = found.nnodes, found.origins.get("nnodes", cls.name)
+        min_nodes = found.min_nodes or nnodes
+    for name in ("master_addr", "master_port"):
         if getattr(given, name) is not None:
             values[name], origins[name] = getattr(given, name), given.origins[name]
-        elif name in found.missing:
-            raise ConfigError(found.missing[name])
-        else:
+        elif name not in found.missing and getattr(found, name) is not None:
             values[name], origins[name] = getattr(found, name), found.origins.get(name, cls.name)
+    rendezvous, rdzv_warnings = _rendezvous(given, found, cls, values, origins)
+    warnings += rdzv_warnings
+    rendezvous = replace(rendezvous, min_nodes=min_nodes, max_nodes=nnodes)
+    rendezvous = replace(rendezvous, settings={**_rdzv_defaults(rendezvous), **rendezvous.settings})
+    for name in ("master_addr", "master_port"):
+        if values.get(name) is None:
+            raise ConfigError(found.missing.get(name, f"no {name} found"))
 
-    nnodes, node_rank = values["nnodes"], values["node_rank"]
-    if not 0 <= node_rank < nnodes:
+    # The node rank: etcd's rendezvous assigns it; c10d needs it where node 0 hosts the store (a fixed-size
+    # job without an endpoint of its own), else it only tells torch which node hosts the store.
+    node_rank: int | None = None
+    if rendezvous.uses_etcd:
+        if given.node_rank is not None:
+            warnings.append(f"{given.origins['node_rank']} is ignored: the {rendezvous.backend} rendezvous numbers the nodes")
+        origins["node_rank"] = f"the {rendezvous.backend} rendezvous (assigned when the nodes meet)"
+    elif given.node_rank is not None:
+        node_rank, origins["node_rank"] = given.node_rank, given.origins["node_rank"]
+    elif found.node_rank is not None:
+        node_rank, origins["node_rank"] = found.node_rank, found.origins.get("node_rank", cls.name)
+    elif rendezvous.elastic or rendezvous.endpoint:
+        origins["node_rank"] = "the c10d rendezvous (torch picks the store's host by its address)"
+    else:
+        raise ConfigError(found.missing.get("node_rank", f"{cls.name}: no node rank found"))
+    if node_rank is not None and not 0 <= node_rank < nnodes:
         culprit = origins["node_rank"] if origins["node_rank"].startswith("--") else origins["nnodes"]
         raise error_for(culprit)(
             f"{origins['node_rank']}={node_rank}: expected a node rank from 0 to "
-            f"{nnodes - 1} ({origins['nnodes']}={nnodes})"
+            f"{nnodes - 1} ({origins['nnodes']}={settings.format_range((min_nodes, nnodes))})"
         )
     # The environment's address is checked as strictly as the flag's: '10.0.0.1:29500' or two
     # words would otherwise look like an unreachable master, which is retried.
@@ -125,6 +235,8 @@ def resolve_topology(
     interface, reason, origins["interface"], interface_warnings = _interface(given.interface, env, master_addr, resolve_names,
                                                                              backend)
     warnings += interface_warnings
+    if found.max_restarts is not None:
+        origins["max_restarts"] = found.origins.get("max_restarts", cls.name)
 
     return Topology(
         source=cls.name,
@@ -136,6 +248,8 @@ def resolve_topology(
         backend=backend,
         interface=interface,
         interface_reason=reason,
+        rendezvous=rendezvous,
+        max_restarts=found.max_restarts,
         origins=origins,
         warnings=tuple(warnings),
     )

@@ -236,6 +236,17 @@ class Budget:
             attempt=state.attempts,
         )
 
+    def membership_changed(self) -> None:
+        """The last failure was a node leaving an elastic job (the next rendezvous had fewer nodes): it takes
+        back the restart it counted, forgets the failure (the next one is not "the same failure twice"), and
+        an end it recorded (the budget spent, or the same failure twice) no longer holds."""
+        state = self.load()
+        if state.last is not None:
+            state.used = max(0, state.used - 1)
+        state.last = None
+        state.final = None
+        self.save(state)
+
     def _progressed(self, failure: Failure, state: State) -> str:
         """Why `failure`'s attempt counts as progress ('' if it does not)."""
         if failure.committed > state.committed:

@@ -27,7 +27,8 @@ from typing import Any, Callable
 from trainpod.errors import UsageError, invalid
 
 __all__ = [
-    "ArgumentParser", "Boolean", "Choice", "Host", "Integer", "Invalid", "Number", "ProcessCount", "Setting", "Switch", "Text",
+    "ArgumentParser", "Boolean", "Choice", "Host", "Integer", "Invalid", "NodeRange", "Number", "ProcessCount", "Setting", "Switch",
+    "Text",
     "Values", "add_arguments", "parse_args", "resolve",
 ]
 
@@ -156,6 +157,59 @@ class ProcessCount:
             return Integer(1, self.maximum)(value)
         except Invalid:
             raise Invalid(self.expected()) from None
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """A node count, or torchrun's elastic range MIN:MAX: (min, max), equal for a fixed-size job."""
+
+    maximum: int = 65536
+
+    def expected(self) -> str:
+        return f"a node count from 1 to {self.maximum}, or MIN:MAX with 1 <= MIN <= MAX <= {self.maximum}"
+
+    def __call__(self, value: Any) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            low, high = value
+        else:
+            text = str(value).strip()
+            low_text, sep, high_text = text.partition(":")
+            try:
+                low = Integer(1, self.maximum)(low_text)
+                high = Integer(1, self.maximum)(high_text) if sep else low
+            except Invalid:
+                raise Invalid(self.expected()) from None
+        if not 1 <= low <= high <= self.maximum:
+            raise Invalid(self.expected())
+        return low, high
+
+
+@dataclass(frozen=True)
+class RdzvConf:
+    """torchrun's --rdzv-conf: KEY=VALUE pairs, comma-separated, as a dict."""
+
+    def expected(self) -> str:
+        return "KEY=VALUE pairs separated by commas (keep_alive_interval=2,last_call_timeout=5)"
+
+    def __call__(self, value: Any) -> dict[str, str]:
+        if isinstance(value, Mapping):
+            return {str(k): str(v) for k, v in value.items()}
+        pairs = {}
+        for item in str(value).split(","):
+            key, sep, val = item.strip().partition("=")
+            if not item.strip():
+                continue
+            if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()) or not val.strip() or "," in val:
+                raise Invalid(self.expected())
+            pairs[key.strip()] = val.strip()
+        if not pairs:
+            raise Invalid(self.expected())
+        return pairs
+
+
+def format_range(nodes: tuple[int, int]) -> str:
+    """'2' for a fixed-size job, '1:4' for an elastic one (torchrun's --nnodes)."""
+    return str(nodes[0]) if nodes[0] == nodes[1] else f"{nodes[0]}:{nodes[1]}"
 
 
 class Switch(Boolean):
@@ -292,7 +346,7 @@ def _metavar(kind: Callable[[Any], Any]) -> str:
         return "{" + ",".join(kind.choices) + "}"
     if isinstance(kind, Number):
         return "SECONDS" if kind.unit == "seconds" else "X"
-    return {Integer: "N", ProcessCount: "N|auto", Host: "HOST"}.get(type(kind), "VALUE")
+    return {Integer: "N", ProcessCount: "N|auto", Host: "HOST", NodeRange: "N|MIN:MAX", RdzvConf: "KEY=VALUE,..."}.get(type(kind), "VALUE")
 
 
 def parse_args(
@@ -314,7 +368,8 @@ MAX_NODES = 65536
 MAX_NPROC = 1024
 BACKENDS = ("gloo", "nccl")
 
-NNODES = Setting("nnodes", "number of nodes", Integer(1, MAX_NODES))
+NNODES = Setting("nnodes", "number of nodes, or MIN:MAX for an elastic job (nodes may leave and join; needs a "
+                 "rendezvous backend: --rdzv-backend)", NodeRange(MAX_NODES))
 NODE_RANK = Setting("node_rank", "this node's rank, 0 = master", Integer(0, MAX_NODES - 1))
 NPROC_PER_NODE = Setting(
     "nproc_per_node", "processes per node, or auto: one per visible GPU (default: PET_NPROC_PER_NODE, else one per "
@@ -324,7 +379,26 @@ MASTER_PORT = Setting("master_port", "the master's port", Integer(1, 65535))
 BACKEND = Setting("backend", "collective backend (default: nccl with GPUs, else gloo)", Choice(BACKENDS), var="TRAINPOD_BACKEND")
 INTERFACE = Setting("interface", "network interface for gloo/NCCL (default: GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME, "
                     "else the one that carries the route to the master)", metavar="IFNAME")
-TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND, INTERFACE)
+# The rendezvous: how the nodes' agents meet (trainpod.topology.Rendezvous). c10d is hosted by one
+# node's agent (a single point of failure); etcd and etcd-v3 keep the state in an etcd cluster.
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v3")
+RDZV_BACKEND = Setting(
+    "rdzv_backend", "where the nodes meet: c10d (default; node 0's agent hosts the store on the master port: losing "
+    "that node ends the job), etcd (torch's, etcd's v2 API: etcd 3.4/3.5 with --enable-v2) or etcd-v3 (trainpod's, "
+    "etcd's v3 API: any etcd from 3.4 on)", Choice(RDZV_BACKENDS), var="TRAINPOD_RDZV_BACKEND")
+RDZV_ENDPOINT = Setting(
+    "rdzv_endpoint", "the rendezvous endpoint: etcd's host:port[,host:port...], or c10d's host:port (default: the "
+    "master's address and port)", var="TRAINPOD_RDZV_ENDPOINT", metavar="HOST:PORT[,...]")
+RDZV_ID = Setting(
+    "rdzv_id", "the job's rendezvous id, the same on every node (default: from the job's identity: OpenPAI's job "
+    "and attempt, SLURM's job and step, else a digest of the job); with etcd, each run of the job gets a fresh "
+    "generation of it", var="TRAINPOD_RDZV_ID", metavar="ID")
+RDZV_CONF = Setting(
+    "rdzv_conf", "torchrun's --rdzv-conf KEY=VALUE,... over trainpod's (an elastic job's: keep_alive_interval=1, "
+    "keep_alive_max_attempt=3, last_call_timeout=3; etcd: last_call_timeout=3)", RdzvConf(), var="TRAINPOD_RDZV_CONF",
+    metavar="KEY=VALUE,...")
+RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID, RDZV_CONF)
+TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND, INTERFACE, *RENDEZVOUS)
 
 CONNECT_TIMEOUT = Setting("connect_timeout", "seconds to wait for the master (DNS and port) before exit 69",
                           Number(above=0), var="TRAINPOD_CONNECT_TIMEOUT", default=300.0)

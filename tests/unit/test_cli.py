@@ -58,6 +58,30 @@ def test_explain_json_for_a_pai_worker():
     assert data["master_port"] == int(env["PAI_PORT_LIST_worker_0_SyncPort"])
 
 
+def test_explain_shows_the_rendezvous_and_c10ds_single_point_of_failure():
+    table = trainpod("explain")
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"^rdzv_backend +c10d .*single point of failure", table.stdout, re.M)
+    data = json.loads(trainpod("explain", "--json", "--nnodes", "1:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                               "127.0.0.1:2379", "--example", "cifar10-ddp").stdout)
+    rdzv = data["rendezvous"]
+    assert (rdzv["backend"], rdzv["endpoint"], rdzv["min_nodes"], rdzv["max_nodes"], rdzv["elastic"]) == (
+        "etcd-v3", "127.0.0.1:2379", 1, 3, True)
+    assert data["node_rank"] is None and data["source"] == "etcd"
+    assert rdzv["id"].startswith("job-") and rdzv["id"] in data["command"]
+    again = json.loads(trainpod("explain", "--json", "--nnodes", "1:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                                "127.0.0.1:2379", "--example", "cifar10-ddp").stdout)
+    assert again["rendezvous"]["id"] == rdzv["id"]  # the same job on every node: the same id
+
+
+def test_rdzv_conf_goes_over_the_elastic_defaults_and_a_bad_one_is_one_line():
+    args = ("explain", "--nnodes", "1:2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:2379")
+    table = trainpod(*args, "--rdzv-conf", "last_call_timeout=9")
+    assert re.search(r"^rdzv_conf +keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=9 ", table.stdout, re.M)
+    line = one_line_error(trainpod(*args, env={"TRAINPOD_RDZV_CONF": "last_call_timeout"}), 78)
+    assert "TRAINPOD_RDZV_CONF='last_call_timeout'" in line
+
+
 def test_explain_table_shows_origins_and_the_command():
     result = trainpod("explain", "--nproc-per-node", "2", "--example", "cifar10-ddp")
     assert result.returncode == 0, result.stderr

@@ -50,3 +50,15 @@ def test_a_cuda_torch_without_gpus_says_it_falls_back_to_gloo():
     assert gloo_fallback_note(fallback, None) is None  # a CPU build of torch: gloo is all it has
     assert gloo_fallback_note(replace(fallback, origins={"backend": "--backend"}), "13.0") is None  # asked for
     assert gloo_fallback_note(replace(fallback, backend="nccl", origins={"backend": "default (GPUs visible)"}), "13.0") is None
+
+
+def test_an_elastic_etcd_spec_round_trips_through_json():
+    from trainpod.topology import Rendezvous
+
+    topology = Topology(source="etcd", nnodes=4, node_rank=None, nproc_per_node=1, master_addr="10.0.0.9", master_port=2379,
+                        backend="gloo", interface="eth0",
+                        rendezvous=Rendezvous(backend="etcd-v3", endpoint="10.0.0.9:2379", id="job-1", min_nodes=2, max_nodes=4,
+                                              settings={"last_call_timeout": "3"}, id_origin="--rdzv-id"))
+    spec = JobSpec(topology=topology, target=Target(command=("x",)), connect_timeout=5.0, term_grace=25.0, max_restarts=3)
+    again = JobSpec.from_json(spec.to_json())
+    assert again == spec and again.topology.rdzv.elastic and again.topology.node_rank is None

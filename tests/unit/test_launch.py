@@ -24,7 +24,7 @@ def test_torchrun_arguments():
 
 
 def test_node_zero_hosts_the_rendezvous_and_restart_settings_pass_through():
-    master = Topology(**{**TOPOLOGY.__dict__, "node_rank": 0, "local_addr": None, "master_addr": "fd00::2"})
+    master = Topology(**{**TOPOLOGY.__dict__, "node_rank": 0, "local_addr": None, "master_addr": "fd00::2", "rendezvous": None})
     plan = build_plan(master, Target(command=("x",)), {}, max_restarts=2, term_grace=40.5, join_timeout=12)
     joined = " ".join(plan.argv)
     for part in ("--rdzv-endpoint [fd00::2]:29877", "--rdzv-conf is_host=true,join_timeout=12", "--max-restarts 2",
@@ -70,3 +70,30 @@ def test_an_example_says_what_it_needs():
 def test_unknown_example():
     with pytest.raises(UsageError, match="--example='nope'"):
         Target.for_example("nope")
+
+
+def test_an_elastic_etcd_v3_job():
+    from trainpod.topology import Rendezvous
+
+    topology = Topology(source="etcd", nnodes=4, node_rank=None, nproc_per_node=2, master_addr="10.0.0.9", master_port=2379,
+                        backend="gloo", interface="eth0", local_addr="10.0.0.3",
+                        rendezvous=Rendezvous(backend="etcd-v3", endpoint="10.0.0.9:2379,10.0.0.10:2379", id="job-1.g3",
+                                              min_nodes=2, max_nodes=4))
+    plan = build_plan(topology, Target(command=("x",)), {}, join_timeout=90)
+    joined = " ".join(plan.argv)
+    for part in ("--nnodes 2:4", "--rdzv-backend etcd-v3", "--rdzv-endpoint 10.0.0.9:2379,10.0.0.10:2379", "--rdzv-id job-1.g3",
+                 "--rdzv-conf join_timeout=90 "):
+        assert part in joined
+    assert "is_host" not in joined  # no store to host: the state is in etcd
+    assert plan.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[node? rank${rank}] "  # the rank comes from the rendezvous
+    assert (plan.env["TRAINPOD_NNODES"], plan.env["TRAINPOD_MIN_NODES"]) == ("4", "2")
+    assert "10.0.0.10" in plan.env["NO_PROXY"].split(",")
+
+
+def test_torchs_etcd_backend_calls_its_join_timeout_timeout():
+    from trainpod.topology import Rendezvous
+
+    topology = Topology(source="etcd", nnodes=2, node_rank=None, nproc_per_node=1, master_addr="e", master_port=2379,
+                        backend="gloo", interface="lo",
+                        rendezvous=Rendezvous(backend="etcd", endpoint="e:2379", id="j", min_nodes=1, max_nodes=2))
+    assert "--rdzv-conf timeout=60" in " ".join(build_plan(topology, Target(command=("x",)), {}, join_timeout=60).argv)

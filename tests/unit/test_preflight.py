@@ -142,3 +142,44 @@ def test_the_host_name_and_shm_warnings_only_where_they_can_matter(monkeypatch):
     preflight.run_preflight(topology(nnodes=2, node_rank=0), {}, connect_timeout=1, log=print,
                             target=Target.for_example("cifar10-ddp", env={}))
     assert said == [("hostname",)]
+
+
+# --- etcd: asked for its version and API (a real etcd, Debian's etcd-server, started here) ---
+
+def etcd_topology(backend, endpoint):
+    from trainpod.topology import Rendezvous
+
+    return topology(node_rank=None, origins={"rdzv_endpoint": "--rdzv-endpoint", "rdzv_backend": "--rdzv-backend"},
+                    rendezvous=Rendezvous(backend=backend, endpoint=endpoint, id="t", min_nodes=1, max_nodes=2))
+
+
+@pytest.fixture(scope="module")
+def etcd_without_v2(tmp_path_factory):
+    from fixtures.etcd import EtcdProcess
+
+    with EtcdProcess(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+def test_torchs_etcd_backend_without_v2_is_78_naming_the_endpoint_and_both_fixes(etcd_without_v2):
+    with pytest.raises(ConfigError) as caught:
+        preflight.check_etcd(etcd_topology("etcd", etcd_without_v2.endpoint), 5, lambda m: None)
+    line = str(caught.value)
+    assert "\n" not in line and etcd_without_v2.endpoint in line
+    assert "--enable-v2" in line and "--rdzv-backend etcd-v3" in line
+    # etcd-v3 needs nothing more than the v3 API
+    assert preflight.check_etcd(etcd_topology("etcd-v3", etcd_without_v2.endpoint), 5, lambda m: None).version.startswith("3.")
+
+
+def test_an_unreachable_etcd_is_a_bounded_wait_then_69_naming_the_endpoints():
+    import time
+
+    from fixtures.etcd import dead_endpoint
+
+    endpoints = f"{dead_endpoint()},{dead_endpoint()}"
+    started = time.monotonic()
+    with pytest.raises(UnreachableError) as caught:
+        preflight.check_etcd(etcd_topology("etcd-v3", endpoints), 2, lambda m: None)
+    assert time.monotonic() - started < 6
+    line = str(caught.value)
+    assert "\n" not in line and all(e in line for e in endpoints.split(",")) and "--connect-timeout" in line

@@ -127,3 +127,16 @@ def test_reported_progress(tmp_path, monkeypatch):
         if committed >= 0:
             progress.committed(committed)
     assert reported(tmp_path) == (10, 12)
+
+
+def test_a_membership_change_gives_back_its_restart_and_is_not_the_same_failure_twice():
+    budget = Budget(max_restarts=1, progress_window=600)
+    lost = Failure(code=1, committed=2, where="RuntimeError in harness.py:402 (train)")
+    assert budget.decide(lost).restart
+    budget.membership_changed()  # the next rendezvous had fewer nodes: that failure was a node leaving
+    assert budget.left() == 1
+    again = budget.decide(lost)  # another node lost at the same step: neither spent nor "the same failure"
+    assert again.restart and budget.final() is None
+    assert not budget.decide(lost).restart  # the same failure twice with the same nodes: the job ends
+    budget.membership_changed()  # ... unless the rendezvous shows a node left after all
+    assert budget.final() is None

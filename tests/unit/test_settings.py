@@ -95,3 +95,17 @@ def test_parse_args_derives_flags_help_and_switches(capsys):
     with pytest.raises(SystemExit):
         settings.parse_args("prog", "", table, ["--help"], {})
     assert "restarts (default 3; env TRAINPOD_MAX_RESTARTS)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_node_ranges_and_rendezvous_conf():
+    from trainpod.settings import NNODES, RDZV_CONF
+
+    assert NNODES.parse("4", "--nnodes") == (4, 4) and NNODES.parse("1:4", "--nnodes") == (1, 4)
+    for bad in ("0", "4:1", "1:", ":2", "a:b", "1:2:3"):
+        with pytest.raises(UsageError):
+            NNODES.parse(bad, "--nnodes")
+    assert RDZV_CONF.parse("last_call_timeout=5, keep_alive_interval=2", "--rdzv-conf") == {
+        "last_call_timeout": "5", "keep_alive_interval": "2"}
+    with pytest.raises(ConfigError) as caught:
+        RDZV_CONF.parse("timeout", "TRAINPOD_RDZV_CONF")
+    assert "TRAINPOD_RDZV_CONF='timeout'" in str(caught.value)

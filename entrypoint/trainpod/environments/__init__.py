@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainpod.environments.base import ClusterEnvironment, Discovery
+from trainpod.environments.etcd import EtcdEnvironment
 from trainpod.environments.pai import PAIEnvironment
 from trainpod.environments.single import SingleNodeEnvironment
 from trainpod.environments.slurm import SlurmEnvironment
@@ -17,7 +18,7 @@ from trainpod.settings import Choice, Setting
 
 # Order matters: the first whose detect() is true wins; single node always detects, so it is last.
 REGISTRY: dict[str, type[ClusterEnvironment]] = {
-    cls.name: cls for cls in (PAIEnvironment, SlurmEnvironment, TorchrunEnvironment, SingleNodeEnvironment)
+    cls.name: cls for cls in (PAIEnvironment, SlurmEnvironment, TorchrunEnvironment, EtcdEnvironment, SingleNodeEnvironment)
 }
 
 SOURCE = Setting(

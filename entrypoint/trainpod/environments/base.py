@@ -28,6 +28,14 @@ class Discovery:
     master_addr: str | None = None
     master_port: int | None = None
     nproc_per_node: int | None = None
+    min_nodes: int | None = None  # an elastic range's MIN (nnodes is its MAX); None: a fixed size
+    # The rendezvous the cluster asks for (torchrun's PET_RDZV_*), and the job's identity, from which
+    # the rendezvous id is made when none is given (trainpod.rendezvous.ids).
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    job_id: str | None = None
+    max_restarts: int | None = None  # a restart budget the cluster sets (PET_MAX_RESTARTS)
     origins: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     # field -> one-line error, for values the environment lacks; raised only when no flag supplies them
@@ -49,6 +57,7 @@ class ClusterEnvironment(abc.ABC):
     def __init__(self, env: Mapping[str, str], flags: Mapping[str, Any] | None = None):
         """`flags`: the command line's values by setting name (None or absent: not given)."""
         self.env = env
+        self._flags = dict(flags or {})
         self.options: Values = resolve(self.settings, flags or {}, env)
 
     @staticmethod

@@ -82,7 +82,9 @@ class PAIEnvironment(ClusterEnvironment):
         except ConfigError as error:
             missing["master_port"] = str(error)
         count_origin = "+".join(f"PAI_TASK_ROLE_TASK_COUNT_{r}" for r in roles)
+        job_id, job_origin = _job_identity(self.env)
         return Discovery(
+            job_id=job_id,
             nnodes=sum(counts.values()),
             node_rank=node_rank,
             master_addr=master_addr,
@@ -92,6 +94,7 @@ class PAIEnvironment(ClusterEnvironment):
                 "node_rank": f"{index_var} (+ earlier roles in {roles_origin})" if node_rank != index else index_var,
                 "master_addr": ip_var,
                 "master_port": port_origin,
+                **({"job_id": job_origin} if job_id else {}),
             },
             warnings=warnings,
             missing=missing,
@@ -175,3 +178,16 @@ class PAIEnvironment(ClusterEnvironment):
         var = variables[label]
         first = self.env[var].split(",")[0]
         return parse_port(first, var), var, ()
+
+
+def _job_identity(env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The job and its attempt: the same on every task of one attempt, different on a retry (the
+    rendezvous id is made from it: trainpod.rendezvous.ids). FrameworkController, which runs OpenPAI's
+    jobs, numbers the attempts (FC_FRAMEWORK_ATTEMPT_ID)."""
+    name = env.get("PAI_JOB_NAME", "").strip()
+    if not name:
+        return None, ""
+    attempt = env.get("FC_FRAMEWORK_ATTEMPT_ID", "").strip()
+    if attempt:
+        return f"{name}-a{attempt}", "PAI_JOB_NAME + FC_FRAMEWORK_ATTEMPT_ID"
+    return name, "PAI_JOB_NAME"

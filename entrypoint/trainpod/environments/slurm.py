@@ -170,7 +170,15 @@ class SlurmEnvironment(ClusterEnvironment):
             if tasks > 1:
                 nproc, origins["nproc_per_node"] = tasks, tasks_var
 
+        job_id = env_job = self.env.get("SLURM_JOB_ID", "").strip()
+        if job_id:
+            # One step of one job (srun), and a requeued job's next run: each a rendezvous of its own.
+            parts = [("SLURM_STEP_ID", "s"), ("SLURM_RESTART_COUNT", "r")]
+            used = [(var, tag) for var, tag in parts if self.env.get(var, "").strip()]
+            job_id = "slurm-" + env_job + "".join(f"-{tag}{self.env[var].strip()}" for var, tag in used)
+            origins["job_id"] = " + ".join(["SLURM_JOB_ID", *(var for var, _ in used)])
         return Discovery(
+            job_id=job_id or None,
             nnodes=nnodes,
             node_rank=node_rank,
             master_addr=hosts[0],

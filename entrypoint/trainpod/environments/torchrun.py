@@ -17,13 +17,15 @@ from trainpod.environments.base import (
     parse_int,
     parse_port,
 )
-from trainpod.errors import ConfigError
+from trainpod.settings import NNODES, RDZV_BACKEND
 
 NNODES_VARS = ("PET_NNODES", "NNODES")
 NODE_RANK_VARS = ("PET_NODE_RANK", "NODE_RANK")
 MASTER_ADDR_VARS = ("PET_MASTER_ADDR", "MASTER_ADDR")
 MASTER_PORT_VARS = ("PET_MASTER_PORT", "MASTER_PORT")
-DETECT_VARS = NNODES_VARS + NODE_RANK_VARS + MASTER_ADDR_VARS + MASTER_PORT_VARS
+# torchrun's own twins of its --rdzv-* and --max-restarts flags (Kubeflow's elastic PyTorchJob sets them).
+RDZV_VARS = ("PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_MAX_RESTARTS")
+DETECT_VARS = NNODES_VARS + NODE_RANK_VARS + MASTER_ADDR_VARS + MASTER_PORT_VARS + RDZV_VARS[:2]
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str | None, str | None]:
@@ -33,15 +35,9 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str | None, 
     return None, None
 
 
-def _parse_nnodes(value: str, origin: str) -> int:
-    # torchrun accepts an elastic range "MIN:MAX"; a static job needs MIN == MAX.
-    low, sep, high = value.partition(":")
-    if sep and low.strip() != high.strip():
-        raise ConfigError(
-            f"{origin}={value!r}: an elastic node range needs a rendezvous backend; "
-            "a static job needs one number (or MIN:MAX with MIN == MAX)"
-        )
-    return parse_int(low, origin, minimum=1, maximum=MAX_NODES)
+def _parse_nnodes(value: str, origin: str) -> tuple[int, int]:
+    """torchrun's node count: N, or an elastic range MIN:MAX (Kubeflow's elastic PyTorchJob sets one)."""
+    return NNODES.parse(value, origin)
 
 
 def _parse_nproc(value: str, origin: str) -> int | None:
@@ -93,8 +89,13 @@ class TorchrunEnvironment(ClusterEnvironment):
             if rank_text is None:
                 rank_text, rank_var = _first(env, ("RANK",))
 
-        nnodes = _parse_nnodes(nnodes_text, nnodes_var) if nnodes_text is not None else 1
+        min_nodes, nnodes = _parse_nnodes(nnodes_text, nnodes_var) if nnodes_text is not None else (1, 1)
         origins["nnodes"] = nnodes_var or "default (no node count set)"
+        rdzv = {var: env[var].strip() for var in RDZV_VARS if env.get(var, "").strip()}
+        for var in rdzv:
+            origins[var.removeprefix("PET_").lower()] = var
+        backend = RDZV_BACKEND.parse(rdzv["PET_RDZV_BACKEND"], "PET_RDZV_BACKEND") if "PET_RDZV_BACKEND" in rdzv else None
+        max_restarts = parse_int(rdzv["PET_MAX_RESTARTS"], "PET_MAX_RESTARTS", maximum=10000) if "PET_MAX_RESTARTS" in rdzv else None
 
         missing: dict[str, str] = {}
         node_rank: int | None = None
@@ -137,6 +138,11 @@ class TorchrunEnvironment(ClusterEnvironment):
         return Discovery(
             warnings=_disagreements(env),
             nnodes=nnodes,
+            min_nodes=min_nodes if min_nodes < nnodes else None,
+            rdzv_backend=backend,
+            rdzv_endpoint=rdzv.get("PET_RDZV_ENDPOINT"),
+            rdzv_id=rdzv.get("PET_RDZV_ID"),
+            max_restarts=max_restarts,
             nproc_per_node=nproc,
             node_rank=node_rank,
             master_addr=master_addr.strip() if master_addr else None,

@@ -182,3 +182,13 @@ def test_non_numeric_count():
     env = pai_environment({"worker": 2}, ("worker", 0), {"SyncPort": 1})
     env["PAI_TASK_ROLE_TASK_COUNT_worker"] = "two"
     assert "PAI_TASK_ROLE_TASK_COUNT_worker='two'" in str(resolve_error(env))
+
+
+def test_the_job_and_its_attempt_name_the_rendezvous():
+    from fixtures.pai_runtime import pai_environment
+    from trainpod.resolve import Options, resolve_topology
+
+    env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "FC_FRAMEWORK_ATTEMPT_ID": "2"}
+    topology = resolve_topology(Options(rdzv_backend="etcd-v3", rdzv_endpoint="etcd:2379"), env, resolve_names=False)
+    assert topology.rdzv.id == "alice-cifar10-ddp-2node-a2"
+    assert topology.origins["rdzv_id"] == "PAI_JOB_NAME + FC_FRAMEWORK_ATTEMPT_ID"

@@ -127,3 +127,9 @@ def test_a_node_without_a_node_id_needs_srun():
 def test_forced_outside_slurm():
     with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):
         resolve_topology(Options(source="slurm"), {}, resolve_names=False)
+
+
+def test_the_job_its_step_and_its_restart_count_name_the_rendezvous():
+    found = SlurmEnvironment({**STEP, "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"}).discover()
+    assert found.job_id == "slurm-4242-s3-r1"
+    assert found.origins["job_id"] == "SLURM_JOB_ID + SLURM_STEP_ID + SLURM_RESTART_COUNT"

@@ -91,9 +91,47 @@ def test_conflicting_flags():
     assert e.exit_code == 64 and "--node-rank=2" in str(e) and "--nnodes=2" in str(e)
 
 
-def test_elastic_range_needs_a_rendezvous():
-    e = error({**KUBEFLOW_TRAINER, "PET_NNODES": "1:4"})
-    assert e.exit_code == 78 and "PET_NNODES='1:4'" in str(e)
+# What Kubeflow's elastic PyTorchJob sets (elasticPolicy: minReplicas/maxReplicas, rdzvBackend c10d).
+KUBEFLOW_ELASTIC = {
+    "PET_NNODES": "1:4",
+    "PET_NPROC_PER_NODE": "1",
+    "PET_RDZV_BACKEND": "c10d",
+    "PET_RDZV_ENDPOINT": "elastic-example-worker-0:23456",
+    "PET_RDZV_ID": "elastic-example",
+    "PET_MAX_RESTARTS": "10",
+    "HOSTNAME": "elastic-example-worker-2",
+}
+
+
+def test_an_elastic_range_over_c10d_needs_no_node_rank():
+    topology = resolve_topology(Options(), {**KUBEFLOW_TRAINER, "PET_NNODES": "1:4"}, resolve_names=False)
+    rdzv = topology.rdzv
+    assert (rdzv.min_nodes, rdzv.max_nodes, rdzv.elastic, rdzv.nnodes, topology.nnodes) == (1, 4, True, "1:4", 4)
+    assert rdzv.backend == "c10d" and rdzv.endpoint == "mnist-node-0-0.mnist:29400"
+
+
+def test_kubeflow_elastic_variables():
+    topology = resolve_topology(Options(), KUBEFLOW_ELASTIC, resolve_names=False)
+    rdzv = topology.rdzv
+    assert (rdzv.backend, rdzv.endpoint, rdzv.id, rdzv.nnodes) == ("c10d", "elastic-example-worker-0:23456", "elastic-example", "1:4")
+    assert (topology.master_addr, topology.master_port) == ("elastic-example-worker-0", 23456)
+    assert topology.node_rank is None  # torch picks the store's host by its address
+    assert topology.max_restarts == 10 and topology.origins["max_restarts"] == "PET_MAX_RESTARTS"
+    assert (topology.origins["rdzv_endpoint"], topology.origins["rdzv_id"]) == ("PET_RDZV_ENDPOINT", "PET_RDZV_ID")
+
+
+def test_flags_override_the_pet_rendezvous():
+    topology = resolve_topology(Options(rdzv_backend="etcd-v3", rdzv_endpoint="etcd:2379", nnodes="2:3"), KUBEFLOW_ELASTIC,
+                                resolve_names=False)
+    assert (topology.rdzv.backend, topology.rdzv.endpoint, topology.rdzv.nnodes) == ("etcd-v3", "etcd:2379", "2:3")
+    assert topology.node_rank is None and topology.origins["rdzv_backend"] == "--rdzv-backend"
+
+
+@pytest.mark.parametrize("var,value", [("PET_NNODES", "4:1"), ("PET_NNODES", "1:x"), ("PET_RDZV_BACKEND", "zookeeper"),
+                                       ("PET_MAX_RESTARTS", "-1")])
+def test_bad_rendezvous_variables_name_the_variable(var, value):
+    e = error({**KUBEFLOW_ELASTIC, var: value})
+    assert e.exit_code == 78 and f"{var}={value!r}" in str(e)
 
 
 @pytest.mark.parametrize(

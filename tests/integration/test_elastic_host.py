@@ -1,0 +1,120 @@
+"""Elastic jobs on this host with a real etcd and real torchrun, no Docker (tests/fixtures/elastic_host.py).
+
+- Two `trainpod run --nnodes 1:2` nodes meet over etcd-v3 (etcd without v2) and over torch's etcd
+  backend (etcd with --enable-v2), form world 2 and train cifar10-ddp; SIGKILL of every process of
+  rank 0's node makes the survivor re-rendezvous at world 1, resume from the shared checkpoint and
+  finish with 0. The seconds from the kill to its first step at world 1 are printed.
+- SIGTERM to one node: it leaves with 143, every rank checkpoints, the survivor goes on at world 1.
+- `--rdzv-backend etcd` against an etcd without v2: 78 and one line naming the endpoint and both fixes.
+- The same command twice in a row works (each run meets in a fresh generation of the id), and two
+  jobs on one etcd at once never meet.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from fixtures.elastic_host import STEPS, Node, clean_env, scale_down, trainpod_argv
+from fixtures.etcd import EtcdProcess
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    with EtcdProcess(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def etcd_v2(tmp_path_factory):
+    with EtcdProcess(tmp_path_factory.mktemp("etcd-v2"), enable_v2=True) as server:
+        yield server
+
+
+@pytest.mark.parametrize("backend,server", [("etcd-v3", "etcd"), ("etcd", "etcd_v2")])
+def test_a_lost_node_leaves_the_survivor_training_at_world_one(backend, server, request, tmp_path):
+    endpoint = request.getfixturevalue(server).endpoint
+    result = scale_down(lambda: trainpod_argv(backend, endpoint, tmp_path), clean_env(), tmp_path, TIMEOUT_S)
+    survivor = result["survivor"]
+    text = survivor.text()
+    assert result["survivor_code"] == 0, text[-5000:]
+    assert result["recovery_s"] is not None, text[-5000:]
+    assert "a membership change, not counted against --max-restarts" in text
+    assert "world 1, backend gloo" in text and f"/{STEPS} " in text
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["world_size"] == 1 and metrics["steps"] > 0
+    print(f"\n{backend}: world 2 formed {result['formed_s']:.1f} s after the start; lost node -> first step at world 1: "
+          f"{result['recovery_s']:.1f} s")
+
+
+def test_a_stopped_node_leaves_and_the_survivor_goes_on_from_its_checkpoint(etcd, tmp_path):
+    """SIGTERM to one node of an elastic job: that node leaves with 143 (no stop key ends the others); every
+    rank checkpoints at the same step (the stop vote) and the survivor goes on from there at world 1."""
+    result = scale_down(lambda: trainpod_argv("etcd-v3", etcd.endpoint, tmp_path), clean_env(), tmp_path, TIMEOUT_S,
+                        how="term")
+    text = result["survivor"].text()
+    assert result["lost_code"] == 143, result["lost"].text()[-3000:]
+    assert result["survivor_code"] == 0, text[-5000:]
+    assert "another node of this elastic job was stopped" in text and "world 1, backend gloo" in text
+    print(f"\netcd-v3: stopped node -> first step at world 1: {result['recovery_s']:.1f} s")
+
+
+def test_torchs_etcd_backend_without_v2_is_78_in_one_line(etcd, tmp_path):
+    node = Node("v2-missing", trainpod_argv("etcd", etcd.endpoint, tmp_path), clean_env(), tmp_path / "logs")
+    code = node.wait(120)
+    text = node.text()
+    assert code == 78, text
+    errors = [line for line in text.splitlines() if "error:" in line]
+    assert len(errors) == 1, text
+    assert etcd.endpoint in errors[0] and "--enable-v2" in errors[0] and "--rdzv-backend etcd-v3" in errors[0]
+    assert "Traceback" not in text
+
+
+ALL_REDUCE = """
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(sys.argv[1])])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def job(name: str, endpoint: str, tmp_path, value: str) -> list[Node]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "all_reduce.py"
+    script.write_text(ALL_REDUCE)
+    argv = [sys.executable, "-m", "trainpod", "run", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "etcd-v3",
+            "--rdzv-endpoint", endpoint, "--rdzv-conf", "last_call_timeout=30", "--", sys.executable, str(script), value]
+    return [Node(f"{name}-{i}", argv, clean_env(), tmp_path / "logs") for i in range(2)]
+
+
+def finished(nodes: list[Node]) -> str:
+    codes = [node.wait(TIMEOUT_S) for node in nodes]
+    text = "\n".join(node.text() for node in nodes)
+    assert codes == [0, 0], text
+    return text
+
+
+def test_the_same_command_twice_in_a_row_works(etcd, tmp_path):
+    first = finished(job("first", etcd.endpoint, tmp_path, "1"))
+    second = finished(job("second", etcd.endpoint, tmp_path, "1"))
+    for text in (first, second):
+        assert sorted(line.split("] ", 1)[1] for line in text.splitlines() if "sum" in line) == [
+            "rank 0 of 2: sum 2", "rank 1 of 2: sum 2"]
+    assert ".g0 at" in first and ".g1 at" in second  # the second run met in a fresh rendezvous
+    assert "RendezvousClosedError" not in second
+
+
+def test_two_jobs_on_one_etcd_never_meet(etcd, tmp_path):
+    a = job("a", etcd.endpoint, tmp_path / "a", "1")
+    b = job("b", etcd.endpoint, tmp_path / "b", "10")  # another command: another id
+    text_a, text_b = finished(a), finished(b)
+    assert text_a.count("of 2: sum 2") == 2 and text_b.count("of 2: sum 20") == 2, (text_a, text_b)

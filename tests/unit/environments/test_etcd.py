@@ -1,0 +1,50 @@
+"""The etcd source: nodes that meet in etcd get their rank from the rendezvous, not from the environment."""
+
+import pytest
+
+from trainpod.environments import REGISTRY, select
+from trainpod.environments.etcd import EtcdEnvironment
+from trainpod.errors import ConfigError, UsageError
+from trainpod.resolve import Options, resolve_topology
+
+
+def test_detected_from_its_variable_and_registered_before_single():
+    assert select({"TRAINPOD_RDZV_BACKEND": "etcd-v3"}) is EtcdEnvironment
+    assert select({"TRAINPOD_RDZV_BACKEND": "c10d"}) is not EtcdEnvironment
+    names = list(REGISTRY)
+    assert names.index("etcd") == names.index("single") - 1
+
+
+def test_the_flags_pick_it_where_no_cluster_source_detects():
+    topology = resolve_topology(Options(nnodes="1:3", rdzv_backend="etcd", rdzv_endpoint="10.0.0.7:2379,10.0.0.8"), {},
+                                resolve_names=False)
+    rdzv = topology.rdzv
+    assert topology.source == "etcd" and topology.node_rank is None and topology.node_label == "?"
+    assert (rdzv.backend, rdzv.endpoint, rdzv.min_nodes, rdzv.max_nodes) == ("etcd", "10.0.0.7:2379,10.0.0.8:2379", 1, 3)
+    assert (topology.master_addr, topology.master_port) == ("10.0.0.7", 2379)  # only the route to etcd
+    assert not topology.is_master  # nothing of c10d's: no store to host, no port to keep free
+
+
+def test_variables_alone():
+    env = {"TRAINPOD_RDZV_BACKEND": "etcd-v3", "TRAINPOD_RDZV_ENDPOINT": "etcd:2379", "TRAINPOD_RDZV_ID": "team~run 7"}
+    topology = resolve_topology(Options(nnodes="2:4"), env, resolve_names=False)
+    assert topology.rdzv.id == "team-run-7" and topology.origins["rdzv_id"] == "TRAINPOD_RDZV_ID"
+
+
+@pytest.mark.parametrize("flags,env,code,says", [
+    ({"nnodes": "1:2", "rdzv_backend": "etcd-v3"}, {}, 64, "--rdzv-backend=etcd-v3: the etcd-v3 rendezvous needs etcd's address"),
+    ({"nnodes": "1:2"}, {"TRAINPOD_RDZV_BACKEND": "etcd"}, 78, "--rdzv-endpoint"),
+    ({}, {"TRAINPOD_RDZV_BACKEND": "etcd", "TRAINPOD_RDZV_ENDPOINT": "e:1"}, 78, "--nnodes MIN:MAX"),
+    ({"nnodes": "1:2", "rdzv_backend": "etcd", "rdzv_endpoint": "https://e:2379"}, {}, 64, "--rdzv-endpoint='https://e:2379'"),
+    ({"nnodes": "3:2", "rdzv_backend": "etcd", "rdzv_endpoint": "e"}, {}, 64, "--nnodes='3:2'"),
+])
+def test_what_is_missing_or_wrong_is_one_line(flags, env, code, says):
+    with pytest.raises((ConfigError, UsageError)) as caught:
+        resolve_topology(Options(**flags), env, resolve_names=False)
+    assert caught.value.exit_code == code and says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_node_rank_flag_is_ignored_with_a_warning():
+    topology = resolve_topology(Options(nnodes="2", node_rank=1, rdzv_backend="etcd-v3", rdzv_endpoint="e:2379"), {},
+                                resolve_names=False)
+    assert topology.node_rank is None and any("--node-rank is ignored" in w for w in topology.warnings)
