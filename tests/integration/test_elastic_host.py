@@ -18,24 +18,11 @@ import sys
 import pytest
 
 from fixtures.elastic_host import STEPS, Node, clean_env, scale_down, trainpod_argv
-from fixtures.etcd import EtcdProcess
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
 
 TIMEOUT_S = 240
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with EtcdProcess(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def etcd_v2(tmp_path_factory):
-    with EtcdProcess(tmp_path_factory.mktemp("etcd-v2"), enable_v2=True) as server:
-        yield server
 
 
 @pytest.mark.parametrize("backend,server", [("etcd-v3", "etcd"), ("etcd", "etcd_v2")])
