@@ -20,6 +20,9 @@
    layers, its cold and warm build times, and the Apex build's time, memory and wheel size.
 9. Elastic recovery (bench/elastic.py, on this host with a real etcd): from a lost node to the survivor's
    first step at world 1, per backend (etcd-v3, etcd), `trainpod run` vs bare torchrun with the same rendezvous.
+10. Launch phases (bench/launch.py, on this host): a trivial 2-process job, `trainpod run` vs bare
+   torchrun, alternating: when the agent starts, the workers start, rank 0 is ready, the group
+   finishes, the launcher exits.
 """
 
 from __future__ import annotations
@@ -136,8 +139,16 @@ def bench_elastic() -> str:
     return done.stdout[done.stdout.index("elastic recovery:"):].rstrip()
 
 
+def bench_launch() -> str:
+    done = subprocess.run([sys.executable, str(HERE / "launch.py")], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench: launch failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    return done.stdout.rstrip()
+
+
 def main() -> int:
     print(images.report(), flush=True)
+    print("\n" + bench_launch(), flush=True)
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
     elastic = bench_elastic()
