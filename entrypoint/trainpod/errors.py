@@ -7,11 +7,16 @@ and supervisors can tell "retrying will not help" (64, 73, 78) from "try again l
 
 from __future__ import annotations
 
+import errno
+
 EXIT_OK = 0
 EXIT_USAGE = 64  # EX_USAGE: bad or conflicting command-line flags
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the master could not be reached within the preflight timeout
 EXIT_CANTCREAT = 73  # EX_CANTCREAT: a checkpoint cannot be written (no space, no permission): every retry fails alike
 EXIT_CONFIG = 78  # EX_CONFIG: the environment (cluster variables) is wrong or incomplete
+
+# errno values that say a write failed for lack of space (73 where a write must succeed to go on)
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class TrainpodError(Exception):

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 from trainpod import network
-from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, UnreachableError, UsageError
+from trainpod.errors import EXIT_CANTCREAT, NO_SPACE, ConfigError, TrainpodError, UnreachableError, UsageError
 from trainpod.topology import Topology
 
 if TYPE_CHECKING:
@@ -232,9 +232,6 @@ def check_interface(topology: Topology) -> None:
     origin = topology.origins.get("interface", "auto")
     if topology.interface:
         network.check_ifname(topology.interface, origin, "nccl" if origin == "NCCL_SOCKET_IFNAME" else "gloo")
-
-
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def check_writable(path: str, what: str) -> None:

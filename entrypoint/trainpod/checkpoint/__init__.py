@@ -129,7 +129,7 @@ from trainpod import failpoints, progress
 from trainpod.atomic import fsync_dir, make_shareable
 from trainpod.checkpoint import files
 from trainpod.checkpoint.snapshot import Snapshot
-from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, TrainpodError
+from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, NO_SPACE, TrainpodError
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
@@ -145,7 +145,6 @@ class CheckpointError(TrainpodError):
 
 
 # A save that fails with one of these fails the same way on every retry.
-NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 NO_PERMISSION = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 # Listing or creating the directory: these say the path itself is wrong, not that it failed this time.
 UNUSABLE = NO_PERMISSION | {errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EEXIST}
