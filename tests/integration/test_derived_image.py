@@ -5,10 +5,10 @@ import subprocess
 import uuid
 
 import pytest
-from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
 from fixtures.docker_env import IMAGE, run
+from fixtures.static_nodes import static_node
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -25,14 +25,7 @@ def derived_image(docker_ready):
 
 def node(image, network, rank):
     return (
-        DockerContainer(image)
-        .with_network(network)
-        .with_network_aliases(f"node{rank}")
-        .with_env("MASTER_ADDR", "node0")
-        .with_env("MASTER_PORT", "29500")
-        .with_env("NNODES", "2")
-        .with_env("NODE_RANK", str(rank))
-        .with_env("TRAINPOD_NPROC_PER_NODE", "2")
+        static_node(image, network, rank, nproc=2)
         .with_kwargs(shm_size="512m")
     )
 

@@ -16,6 +16,7 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
 from fixtures.docker_env import IMAGE
+from fixtures.static_nodes import static_node
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -38,14 +39,7 @@ while True:
 
 def node(network, rank: int) -> DockerContainer:
     return (
-        DockerContainer(IMAGE)
-        .with_network(network)
-        .with_network_aliases(f"node{rank}")
-        .with_env("MASTER_ADDR", "node0")
-        .with_env("MASTER_PORT", "29500")
-        .with_env("NNODES", "2")
-        .with_env("NODE_RANK", str(rank))
-        .with_env("TRAINPOD_NPROC_PER_NODE", "1")
+        static_node(IMAGE, network, rank, nproc=1)
         .with_env("TRAINPOD_TERM_GRACE", str(TERM_GRACE))
         .with_env("TRAINPOD_REJOIN_TIMEOUT", str(REJOIN))
         .with_env("TRAINPOD_CONNECT_TIMEOUT", "120")

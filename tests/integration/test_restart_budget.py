@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.processes import wait_logged
+
 pytest.importorskip("torch")
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
@@ -88,13 +90,7 @@ def example(out: Path, *extra: str) -> subprocess.Popen:
 
 
 def finish(process: subprocess.Popen, out: Path, timeout: float) -> str:
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"still running after {timeout} s:\n{(out / 'log').read_text()[-4000:]}")
-    return (out / "log").read_text()
+    return wait_logged(process, out / "log", timeout)
 
 
 def ranks_of(root: int) -> dict[int, int]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.processes import wait_logged
+
 pytestmark = [pytest.mark.slow]
 
 torch = pytest.importorskip("torch")
@@ -46,13 +48,7 @@ def start(out: Path, *extra: str) -> subprocess.Popen:
 
 
 def wait(process: subprocess.Popen, out: Path, timeout: float) -> str:
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"still running after {timeout} s:\n{(out / 'log').read_text()[-4000:]}")
-    return (out / "log").read_text()
+    return wait_logged(process, out / "log", timeout)
 
 
 def finish(out: Path, *extra: str) -> tuple[str, dict]:
