@@ -40,6 +40,9 @@ PIP_TARGET := --only-binary=:all: --implementation cp --python-version $(IMAGE_P
 	--abi cp$(subst .,,$(IMAGE_PYTHON)) \
 	$(foreach minor,$(shell seq $(IMAGE_GLIBC_MINOR) -1 5),--platform manylinux_2_$(minor)_$(ARCH)) \
 	--platform manylinux2014_$(ARCH) --platform manylinux2010_$(ARCH) --platform manylinux1_$(ARCH)
+# Pure-Python packages published only as source distributions: downloaded as such, then built into
+# wheels on the host (the image build installs wheels only, with no index).
+SOURCE_ONLY := python-etcd
 # Downloaded wheels are kept here across wheelhouses and runs (scripts/wheel-cache.py): the CUDA
 # flavours' 2.7 GB come from PyPI once. CI keeps this folder between runs where it can.
 WHEEL_CACHE ?= $(HOME)/.cache/trainpod/wheels
@@ -136,7 +139,9 @@ build/wheelhouse/%/.deps: $(wildcard images/requirements-*.txt) $$(call requirem
 	@$(PYTHON) scripts/wheel-cache.py seed $(WHEEL_CACHE) $(@D) $(call requirements,$*) > $(LOGS)/wheel-cache-$*.log
 	@$(STEP) "the $* wheelhouse (pinned wheels, downloaded once)" $(LOGS)/wheelhouse-$*.log \
 		$(PYTHON) -m pip download --disable-pip-version-check --no-deps $(PIP_TARGET) $(PIP_SOURCE_$*) \
-		-d $(@D) -r $(call requirements,$*)
+		-d $(@D) $(SOURCE_ONLY:%=--no-binary %) -r $(call requirements,$*)
+	@set -- $(@D)/*.tar.gz; [ ! -e "$$1" ] || { $(STEP) "wheels of the source-only packages ($(SOURCE_ONLY))" \
+		$(LOGS)/sdist-$*.log $(PYTHON) -m pip wheel --disable-pip-version-check --no-deps -w $(@D) "$$@" && rm "$$@"; }
 	@$(PYTHON) scripts/wheel-cache.py save $(WHEEL_CACHE) $(@D)
 	@find $(@D) -maxdepth 1 \( $(foreach w,$(TORCH_WHEELS),-name '$(w)-*.whl' -o) -false \) -exec mv -t build/torch/$*/torch {} +
 	@cp images/requirements-*.txt $(@D)/

@@ -54,3 +54,13 @@ def test_trainpods_own_code_is_a_layer_of_well_under_10_mb(docker_ready):
     assert any("trainpod" in created and "pip" in created for _, created in after_venv), [c[:120] for _, c in after_venv]
     assert sum(size for size, _ in after_venv) < 10e6, [(size, created[:80]) for size, created in after_venv]
     assert sum(size for size, _ in history[own + 1:]) > 500e6  # torch and the rest are below it
+
+
+def test_every_rendezvous_backend_loads_in_the_image(docker_ready):
+    # torch's `etcd` backend imports python-etcd, a source-only package the wheelhouse builds a wheel
+    # of (Makefile SOURCE_ONLY); etcd-v3 is trainpod's own; c10d is torch's.
+    code = ("import etcd; from torch.distributed.elastic.rendezvous import etcd_rendezvous, etcd_rendezvous_backend; "
+            "from trainpod.rendezvous import etcd_v3; print('backends ok', etcd.__name__)")
+    result = run("docker", "run", "--rm", "--entrypoint", "/opt/trainpod/venv/bin/python", IMAGE, "-c", code,
+                 timeout=120, check=False)
+    assert result.returncode == 0 and "backends ok etcd" in result.stdout, (result.stdout + result.stderr)[-3000:]
