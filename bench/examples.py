@@ -23,6 +23,7 @@ EXAMPLES = {  # example -> (its arguments, processes per node)
     "cifar10-dp": (CIFAR, 1),
     "cifar10-ddp-amp": (CIFAR, 2),
     "imagenet-ddp": (IMAGENET, 2),
+    "imagenet-elastic": (IMAGENET, 2),  # beside imagenet-ddp: what the ledger and the elastic sampler cost
 }
 JPEGS = "/tmp/bench-jpegs"
 # Writes a train/ and val/ tree of real JPEGs with the tests' fixture (tests/fixtures is mounted at /fixtures).

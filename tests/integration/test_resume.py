@@ -27,6 +27,7 @@ JOBS = {
     "cifar10-dp": (["--epochs", "1", "--synthetic-samples", "1024", "--batch-size", "32"], 1),
     "cifar10-ddp-amp": (["--epochs", "2", "--synthetic-samples", "1024", "--batch-size", "32"], 2),
     "imagenet-ddp": ([*SMALL_IMAGENET, "--epochs", "2", "--batch-size", "8"], 2),
+    "imagenet-elastic": ([*SMALL_IMAGENET, "--epochs", "2", "--batch-size", "8"], 2),
 }
 COMMON = ["--checkpoint-every", "4", "--log-every", "4"]
 
@@ -100,6 +101,8 @@ def test_sigkill_of_a_rank_resumes_bit_identical(example, tmp_path):
     assert "resumed from the checkpoint of step" in log
     assert resumed["checksum"] == reference["checksum"]
     assert len(set(resumed["rank_checksums"])) == 1
+    if EXAMPLES[example].min_nodes:  # elastic: the ledger proves every sample trained once despite the restart
+        assert resumed["exactly_once"] and resumed["ledger"]["complete"] == [1, 2], resumed["ledger"]
 
 
 def test_imagenet_reads_real_jpegs_through_its_decode_path(tmp_path):

@@ -24,9 +24,10 @@ CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_"
          and k not in ("NNODES", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")}
 
 R = "registry.example.com"
+ETCD = "etcd-0.example.com:2379,etcd-1.example.com:2379,etcd-2.example.com:2379"
 # The seed's table (OpenPAI's "Run PyTorch Distributed Jobs"): file -> (the command that renders it,
 # the topology every instance must resolve: nodes, processes per node, backend). ImageNet elastic
-# comes with the elastic rendezvous.
+# meets in an etcd cluster (OpenPAI runs none), and trains on 2 to 4 of its 3 instances.
 SEED_ROWS = {
     "cifar10-dp.yaml": ("cifar10-dp --gpus 4 --image {R}/trainpod:cuda --name cifar10-dp", (1, 1, "nccl")),
     "cifar10-ddp-gloo.yaml": ("cifar10-ddp --nodes 2 --nproc-per-node 2 --backend gloo --image {R}/trainpod:cpu "
@@ -39,7 +40,11 @@ SEED_ROWS = {
                                   "--name cifar10-ddp-amp-nccl", (2, 4, "nccl")),
     "imagenet-ddp-gloo.yaml": ("imagenet-ddp --nodes 2 --gpus 8 --backend gloo --image {R}/trainpod:cuda --name imagenet-ddp-gloo",
                                (2, 8, "gloo")),
+    "imagenet-elastic.yaml": ("imagenet-elastic --nodes 3 --gpus 8 --image {R}/trainpod:cuda --name imagenet-elastic "
+                              f"--rdzv-endpoint {ETCD} -- --checkpoint-dir /mnt/shared/imagenet-elastic/checkpoints",
+                              (3, 8, "nccl")),
 }
+ELASTIC = {"imagenet-elastic.yaml": (2, 4)}  # its nodes: (fewest, most)
 
 
 def trainpod(*args, env=None):
@@ -74,10 +79,13 @@ def test_the_protocol_is_valid_openpai_v2(name):
     images = {p["name"] for p in protocol["prerequisites"] if p["type"] == "dockerimage"}
     assert all(role["dockerImage"] in images for role in protocol["taskRoles"].values())
     # trainpod's retry and completion policy: any failed instance fails the job, success needs all,
-    # no platform retry of unknown exits (it would re-run 64 and 78), gang allocation on.
-    assert protocol["jobRetryCount"] == 0 and protocol["extras"]["gangAllocation"] is True
+    # no platform retry of unknown exits (it would re-run 64 and 78), gang allocation on. Elastic:
+    # the job fails only when fewer than its fewest nodes could remain, and nobody waits for a gang.
+    elastic = name in ELASTIC
+    assert protocol["jobRetryCount"] == 0 and protocol["extras"]["gangAllocation"] is not elastic
     for role in protocol["taskRoles"].values():
-        assert role["completion"] == {"minFailedInstances": 1, "minSucceededInstances": -1}
+        min_failed = role["instances"] - ELASTIC[name][0] + 1 if elastic else 1
+        assert role["completion"] == {"minFailedInstances": min_failed, "minSucceededInstances": -1}
         assert role["taskRetryCount"] == 0
 
 
@@ -126,11 +134,17 @@ def test_explain_places_every_instance(name):
         assert result.returncode == 0, result.stderr
         topology = json.loads(result.stdout)
         assert topology["source"] == "pai" and topology["warnings"] == []
-        assert (topology["nnodes"], topology["node_rank"], topology["nproc_per_node"], topology["backend"]) == (nodes, index, nproc,
-                                                                                                              backend)
+        assert (topology["nproc_per_node"], topology["backend"]) == (nproc, backend)
+        assert re.search(r"trainpod\.examples\.", " ".join(topology["command"]))
+        seen += 1
+        if name in ELASTIC:  # etcd numbers the nodes; the id is the job's, the same on every instance
+            rendezvous = topology["rendezvous"]
+            assert (rendezvous["min_nodes"], rendezvous["max_nodes"]) == ELASTIC[name] and topology["node_rank"] is None
+            assert (rendezvous["backend"], rendezvous["endpoint"]) == ("etcd-v3", ETCD)
+            assert rendezvous["id"] == f"alice-{protocol['name']}" and rendezvous["id_origin"].startswith("PAI_JOB_NAME")
+            continue
+        assert (topology["nnodes"], topology["node_rank"]) == (nodes, index)
         assert topology["world_size"] == nodes * nproc
         assert topology["master_addr"] == env[f"PAI_HOST_IP_{role}_0"]
         assert topology["master_port"] == int(env[f"PAI_PORT_LIST_{role}_0_SyncPort"].split(",")[0])
-        assert re.search(r"trainpod\.examples\.", " ".join(topology["command"]))
-        seen += 1
     assert seen == nodes

@@ -21,6 +21,7 @@ class Example:
     nproc_per_node: int | None = None  # fixed processes per node (DataParallel: 1); None: one per GPU or rank
     nodes: int = 2  # the job size it is meant for (job files, compose)
     max_nodes: int | None = None  # None: any; DataParallel trains on one node only
+    min_nodes: int | None = None  # an elastic example: it trains on min_nodes..max_nodes nodes that leave and join
     gpus: int = 0  # GPUs per node it wants on a GPU cluster (0: any; it runs on the CPU too)
     backend: str | None = None  # None: nccl with GPUs, gloo without
     flavor: str = "cpu"  # the smallest image flavour that runs it (cuda-apex for Apex's kernels)
@@ -82,6 +83,18 @@ EXAMPLES: dict[str, Example] = {
             "imagenet-ddp",
             "trainpod.examples.imagenet",
             "ImageNet ResNet-50 DDP: JPEGs (ImageFolder) decoded with Pillow in DataLoader workers, else synthetic",
+            gpus=8,
+            shm_mib=8192,
+            loader_workers=True,
+            needs=("numpy", "PIL"),
+        ),
+        Example(
+            "imagenet-elastic",
+            "trainpod.examples.imagenet_elastic",
+            "ImageNet ResNet-50 on 2 to 4 nodes that leave and join (etcd): every sample once, by the checkpoint's ledger",
+            nodes=3,
+            min_nodes=2,
+            max_nodes=4,
             gpus=8,
             shm_mib=8192,
             loader_workers=True,

@@ -26,6 +26,13 @@ and the harness does the rest, the same way for each:
   of space or permission stops every rank after the current step with 73 (the Checkpointer's one
   line says which checkpoint a new run resumes from).
 - SIGTERM: every rank stops after the same step, saves it and exits 143 (trainpod.preemption).
+- elastic examples (Recipe(elastic=True), trainpod.examples.elastic): the world may change size at
+  each restart; an ElasticSampler re-shards the rest of the epoch over the new world, padding is
+  never trained, a ledger in the checkpoint proves every sample of every epoch trained exactly once,
+  and the LR follows the batch and LR rule (linear scaling by world, scheduled by samples seen).
+  metrics.json adds the ledger's report and the membership timeline.
+- every rank resumes from the same checkpoint: ranks that found different newest ones (a
+  --checkpoint-dir that is not shared by every node) are one line and 78.
 - evaluation (accuracy on the test set, sharded over the ranks) and metrics: `metrics.json` in
   --output-dir and one `trainpod-metrics:` line: the loss curve, samples/s, world size, the
   numeric path, and the checksum of every rank's final weights (equal on every rank).
@@ -55,6 +62,7 @@ from trainpod import distributed, progress, settings
 from trainpod.checkpoint import Checkpointer, CheckpointError
 from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, invalid
 from trainpod.examples import precision, reporting
+from trainpod.examples.elastic import BATCH_LR_RULE, ElasticFeed
 from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
 from trainpod.rng import rng_state, set_rng_state
 from trainpod.samplers import EpochIndices, ResumableDistributedSampler
@@ -116,6 +124,7 @@ class Recipe:
     defaults: Mapping[str, Any] = field(default_factory=dict)  # COMMON defaults this example changes
     parallel: str = "ddp"  # "ddp": one process per GPU (or CPU rank); "dp": one process, DataParallel
     default_workers: Callable[[int], int] = lambda cpus: 0  # DataLoader workers from the CPUs per process
+    elastic: bool = False  # the world may change size between restarts: trainpod.examples.elastic
 
     def settings(self) -> tuple[Setting, ...]:
         common = tuple(dataclasses.replace(s, default=self.defaults[s.name]) if s.name in self.defaults else s for s in COMMON)
@@ -250,9 +259,10 @@ def cpus_per_process() -> int:
 class TrainState:
     """What a checkpoint holds, and the checkpoint calls every rank makes together."""
 
-    def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int, say):
+    def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int, say,
+                 feed: ElasticFeed | None = None):
         self.recipe, self.checkpointer, self.stateful = recipe, checkpointer, stateful
-        self.sampler, self.rank, self.say = sampler, rank, say
+        self.sampler, self.rank, self.say, self.feed = sampler, rank, say, feed
         self.fatal: CheckpointError | None = None  # rank 0: a save that no retry can fix, raised by the Checkpointer
 
     def failed(self) -> int:
@@ -278,6 +288,7 @@ class TrainState:
     def resume(self) -> tuple[int, list]:
         """(step, loss curve) of the newest good checkpoint, its state restored; (0, []) without one."""
         resumed = self.checkpointer.load_latest() if self.checkpointer else None
+        self._same_everywhere(resumed[0] if resumed else 0)
         if resumed is None:
             return 0, []
         step, state = resumed
@@ -288,7 +299,16 @@ class TrainState:
                 if name != "scaler" or state[name]:
                     obj.load_state_dict(state[name])
             self.sampler.load_state_dict(state["sampler"])
-            set_rng_state(state["rng"][self.rank])
+            rngs = state["rng"]
+            if self.feed is not None:
+                self.feed.load_state_dict(state["elastic"])
+                # On another world, a rank beyond the old one takes rank 0's RNG state: the data's
+                # randomness is seeded per sample, so this only reaches ops that draw at random.
+                rngs = rngs if self.rank < len(rngs) else rngs[:1]
+                rank = min(self.rank, len(rngs) - 1)
+            else:
+                rank = self.rank
+            set_rng_state(rngs[rank])
         except (KeyError, IndexError, ValueError, RuntimeError, TypeError) as exc:
             # Another model, optimizer or world: retrying would fail the same way.
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -299,14 +319,33 @@ class TrainState:
         self.say(f"{self.recipe.name}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']})")
         return step, state["loss_curve"]
 
+    def _same_everywhere(self, step: int) -> None:
+        # Ranks that resumed from different checkpoints would train on diverging weights, or one
+        # would start over: a checkpoint directory that each node has for itself, not shared.
+        if self.checkpointer is None or not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        steps: list = [None] * dist.get_world_size()
+        dist.all_gather_object(steps, step)
+        if len(set(steps)) > 1:
+            found = ", ".join(f"rank {r}: {s or 'none'}" for r, s in enumerate(steps))
+            raise ConfigError(f"the ranks found different newest checkpoints in {self.checkpointer.directory} ({found}): "
+                              "--checkpoint-dir must be one directory shared by every node (a shared volume or "
+                              "file system), not a local one per node")
+
     def save(self, step: int, loss_curve: list) -> None:
         """Every rank's RNG state goes into rank 0's checkpoint: a collective, so every rank calls this."""
-        rngs: list = [None] * dist.get_world_size()
-        dist.all_gather_object(rngs, rng_state())
-        if self.rank == 0 and self.fatal is None:
+        gathered: list = [None] * dist.get_world_size()
+        pending = self.feed.ledger.take_pending() if self.feed is not None else None
+        dist.all_gather_object(gathered, (rng_state(), pending))
+        rngs = [rng for rng, _ in gathered]
+        extra = {}
+        if self.feed is not None:
+            self.feed.commit([p for _, p in gathered])  # every rank: the ledgers stay equal
+            extra["elastic"] = self.feed.state_dict()
+        if self.checkpointer is not None and self.rank == 0 and self.fatal is None:
             state = {name: obj.state_dict() for name, obj in self.stateful.items()}
             self._keep_fatal(lambda: self.checkpointer.save(
-                step, {**state, "sampler": self.sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve}))
+                step, {**state, "sampler": self.sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve, **extra}))
 
 
 @torch.no_grad()
@@ -366,22 +405,34 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
         model = wrap(recipe.model(args, data, path).to(device), recipe, device)
         optimizer = path.optimizer(args.optimizer, model.parameters(), args.lr)
         loss_fn = nn.CrossEntropyLoss()
-        sampler = ResumableDistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-        loader = make_loader(data.train, sampler, args, workers, device)
+        feed = ElasticFeed(data.train, world, rank, args.seed) if recipe.elastic else None
+        if feed is not None:
+            sampler = feed.sampler
+            loss_fn = nn.CrossEntropyLoss(reduction="sum")  # times the plan's loss_scale: the step's mean
+            # The schedule runs on samples seen: steps per epoch change with the world.
+            scheduler = feed.use_schedule(optimizer, args.lr, lr_schedule(args.epochs * len(data.train)))
+        else:
+            sampler = ResumableDistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        loader = make_loader(feed.dataset if feed else data.train, sampler, args, workers, device)
 
         total_steps = args.epochs * math.ceil(sampler.num_samples / args.batch_size)
+        if feed is None:
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
+        scaler = path.grad_scaler()
+        stateful = {"model": unwrap(model), "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+        state = TrainState(recipe, checkpointer, stateful, sampler, rank, bar.print, feed)
+        step, loss_curve = state.resume()
+        first_epoch = sampler.state_dict()["epoch"] if step else 1
+        if feed is not None:
+            total_steps = step + feed.remaining_steps(args.epochs, args.batch_size)  # at this world
+            feed.started(step)
+            if checkpointer is None:
+                bar.print(f"{recipe.name}: no --checkpoint-dir: a membership change restarts training from the start")
         if args.max_steps:
             total_steps = min(total_steps, args.max_steps)
         bar.total_steps = total_steps
         bar.print(f"{recipe.name}: world {world}, backend {args.backend}, {path.name} (apex: {path.apex_note}), "
                   f"{total_steps} steps of {args.batch_size} per process, {workers} loader worker(s)")
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
-        scaler = path.grad_scaler()
-        stateful = {"model": unwrap(model), "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-        state = TrainState(recipe, checkpointer, stateful, sampler, rank, bar.print)
-        step, loss_curve = state.resume()
-        first_epoch = sampler.state_dict()["epoch"] if step else 1
         throughput = reporting.Throughput(warmup_steps=WARMUP_STEPS)
         window = torch.zeros(2, device=device)  # loss sum and steps since the last log point
         loss, rate, first_step_at = (loss_curve[-1][1] if loss_curve else None), 0.0, None
@@ -390,30 +441,39 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
         # gone) would hold a deferred SIGTERM until torchrun's SIGKILL, --term-grace later.
         preemption = Preemption(grace)
         training_started = time.time()
+        saved_step = step  # the last step whose state is checkpointed (and whose ledger is committed)
         for epoch in range(first_epoch, args.epochs + 1):
             if step >= total_steps:  # resumed from the last step's checkpoint
                 break
             sampler.set_epoch(epoch)  # a different, still seeded, shuffle each epoch
-            for images, labels in loader:
+            for batch in loader:
+                if feed is not None:  # the padding cut off: this rank may train on fewer samples, or none
+                    ids, images, labels, loss_scale, delivered, trained = feed.cut(batch)
+                else:
+                    (images, labels), loss_scale = batch, 1.0
+                    delivered = len(labels)
+                    trained = delivered * world  # DDP keeps ranks in step and the sampler gives every rank equal batches
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 with path.autocast():
-                    batch_loss = loss_fn(model(images), labels)
+                    batch_loss = loss_fn(model(images), labels) * loss_scale
                 scaler.scale(batch_loss).backward()
                 scaler.unscale_(optimizer)  # the clipping must see the true gradients, not scaled ones
                 nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
                 scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
                 scaler.update()
-                scheduler.step()
-                sampler.advance(len(labels))  # what this rank trained on (the loader reads ahead)
+                if feed is not None:
+                    feed.after_step(epoch, ids, delivered)  # sampler position, ledger, the next step's LR
+                else:
+                    scheduler.step()
+                    sampler.advance(delivered)  # what this rank trained on (the loader reads ahead)
                 step += 1
                 progress.step(step)
                 window[0] += batch_loss.detach().float()
                 window[1] += 1
                 if step in (1, WARMUP_STEPS):
                     sync(device)
-                # DDP keeps ranks in step and the sampler gives every rank equal batches.
-                throughput.step(len(labels) * world)
+                throughput.step(trained)
                 if first_step_at is None:
                     first_step_at = time.time()
 
@@ -428,6 +488,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
                 checkpoint_step = checkpointer is not None and step % args.checkpoint_every == 0
                 if checkpoint_step:
                     state.save(step, loss_curve)
+                    saved_step = step
                 # A collective too, after every step on every rank: a SIGTERM anywhere, or a checkpoint
                 # that cannot be saved (rank 0), stops every rank after this same step.
                 if preemption.should_stop(error=state.failed()):
@@ -448,6 +509,10 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
                     break
         sync(device)
         train_s = time.time() - training_started
+        if feed is not None and step != saved_step:
+            # The ledger committed up to the last step (and checkpointed, with a --checkpoint-dir), so
+            # that the report below and a later resume both see the whole run.
+            state.save(step, loss_curve)
         state.close()  # every save durable before the job reports success
         if preemption.should_stop(error=state.failed()) and preemption.error:  # the last save failed: every rank stops
             distributed.shutdown()
@@ -496,6 +561,15 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
                 "rank_checksums": rank_checksums,
                 "torch": torch.__version__,
             }
+            if feed is not None:
+                report = feed.report()
+                metrics.update({
+                    "exactly_once": report.ok,
+                    "ledger": {"epochs": report.epochs, "complete": report.complete, "problems": report.problems},
+                    "membership": feed.membership,
+                    "batch_lr_rule": BATCH_LR_RULE,
+                    "reference_world": feed.schedule.reference_world,
+                })
             written = reporting.write_json_atomic(Path(args.output_dir) / reporting.METRICS_FILE, metrics)
             bar.print(f"{recipe.name}: test accuracy {accuracy:.4f}, final loss {loss:.4f}, wrote {written}")
             bar.print(reporting.metrics_line(reporting.summary(metrics, written)))

@@ -73,7 +73,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
 # What the log line carries: enough to read a run at a glance and to time it from outside (bench/);
 # the loss curve and every rank's checksum stay in metrics.json.
 SUMMARY_KEYS = ("example", "dataset", "precision", "world_size", "nnodes", "steps", "final_loss", "test_accuracy",
-                "samples_per_sec", "first_step_unix", "checksum")
+                "samples_per_sec", "first_step_unix", "checksum", "exactly_once")
 
 
 def summary(metrics: Mapping[str, Any], path: str | os.PathLike) -> dict[str, Any]:

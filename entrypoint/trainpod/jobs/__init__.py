@@ -22,6 +22,7 @@ from trainpod.jobs.kubeflow import KubeflowJob
 from trainpod.jobs.openpai import OpenPAIJob
 from trainpod.jobs.slurm import SlurmJob
 from trainpod.jobs.ssh import SSHJob
+from trainpod.rendezvous.etcd_http import parse_endpoints
 from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Integer, Invalid, Setting, Switch
 
 REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob, SSHJob)}
@@ -60,9 +61,12 @@ MEMORY_MB = Setting("memory_mb", "memory per node in MiB (default: 16384 per GPU
                     var="TRAINPOD_JOB_MEMORY_MB", metavar="MIB")
 SHM_MB = Setting("shm_mb", "/dev/shm per node in MiB (default: what the example needs, at least 1024)", Integer(64, 100_000_000),
                  var="TRAINPOD_JOB_SHM_MB", metavar="MIB")
+RDZV_ENDPOINT = Setting("rdzv_endpoint", "an elastic example's etcd: HOST:PORT[,HOST:PORT...], where its nodes meet "
+                        "(etcd-v3); kubeflow without it: c10d on worker 0", var="TRAINPOD_JOB_RDZV_ENDPOINT", metavar="ENDPOINTS")
 SUBMIT = Setting("submit", "launch the job instead of printing it (slurm: sbatch; ssh: run it on every host)", Switch(),
                  var="TRAINPOD_JOB_SUBMIT", default=False)
-SETTINGS = (NODES, GPUS, NPROC_PER_NODE, BACKEND, IMAGE, NAME, CPUS, MEMORY_MB, SHM_MB, settings.TERM_GRACE, SUBMIT)
+SETTINGS = (NODES, GPUS, NPROC_PER_NODE, BACKEND, IMAGE, NAME, CPUS, MEMORY_MB, SHM_MB, settings.TERM_GRACE, RDZV_ENDPOINT,
+            SUBMIT)
 
 
 def default_image(example: Example, gpus: int) -> str:
@@ -110,6 +114,16 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
     if nproc is not None and gpus and nproc > gpus:
         origin = values.origins["nproc_per_node"]
         raise error_for(origin)(f"{origin}={nproc}: more processes than the {gpus} GPU(s) per node")
+    endpoint = values.rdzv_endpoint
+    if endpoint is not None:
+        origin = values.origins["rdzv_endpoint"]
+        if example.min_nodes is None:
+            raise error_for(origin)(f"{origin}={endpoint}: the example {example.name} is not elastic; the endpoint is for "
+                                    f"{', '.join(e.name for e in EXAMPLES.values() if e.min_nodes is not None)}")
+        try:
+            endpoint = ",".join(parse_endpoints(endpoint))
+        except ValueError as exc:
+            raise error_for(origin)(f"{origin}: {exc}") from None
     own = settings.resolve(cls.settings, flags, env)
     request = JobRequest(
         example=example,
@@ -123,6 +137,7 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
         memory_mb=values.memory_mb or (16384 * gpus if gpus else 8192),
         shm_mb=values.shm_mb or max(1024, example.shm_mib),
         term_grace=values.term_grace,
+        rdzv_endpoint=endpoint,
         args=tuple(args),
         command_line=_canonical(scheduler, example.name, values, own, cls.settings, args),
         origins=dict(values.origins),

@@ -34,6 +34,7 @@ class JobRequest:
     memory_mb: int  # per node
     shm_mb: int
     term_grace: float
+    rdzv_endpoint: str | None = None  # an elastic example's etcd endpoints (host:port[,...]); None: the scheduler's way
     args: tuple[str, ...] = ()  # the example's own flags (after --)
     command_line: tuple[str, ...] = ()  # the `trainpod job ...` argv that asked for it, for the file's header
     origins: Mapping[str, str] = field(default_factory=dict)
@@ -50,6 +51,18 @@ class JobRequest:
     @property
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
+
+    @property
+    def elastic(self) -> bool:
+        """An elastic example: its nodes may leave and join while it trains."""
+        return self.example.min_nodes is not None
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(fewest, most) nodes it trains on: the example's range, widened to take in --nodes."""
+        if not self.elastic:
+            return self.nodes, self.nodes
+        return min(self.example.min_nodes, self.nodes), max(self.example.max_nodes or self.nodes, self.nodes)
 
     @property
     def effective_backend(self) -> str:
@@ -70,6 +83,10 @@ class JobRequest:
             flags += ["--nproc-per-node", str(self.nproc_per_node)]
         if self.term_grace != TERM_GRACE.default:
             flags += ["--term-grace", f"{self.term_grace:g}"]
+        if self.elastic and self.rdzv_endpoint:
+            # The nodes meet in etcd over its v3 API (any etcd from 3.4 on): no node is the rendezvous.
+            low, high = self.node_range
+            flags += ["--nnodes", f"{low}:{high}", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", self.rdzv_endpoint]
         return flags
 
     def run_argv(self, *extra: str) -> list[str]:
@@ -85,7 +102,8 @@ class JobRequest:
     def summary(self) -> str:
         """'cifar10-ddp, 2 node(s) x 2 process(es), CPU, gloo' for comments and messages."""
         gpus = f"{self.gpus} GPU(s) per node" if self.gpus else "CPU"
-        return f"{self.example.name}, {self.nodes} node(s) x {self.processes_per_node} process(es), {gpus}, {self.effective_backend}"
+        nodes = f"{self.nodes} node(s)" + (" ({} to {} as they leave and join)".format(*self.node_range) if self.elastic else "")
+        return f"{self.example.name}, {nodes} x {self.processes_per_node} process(es), {gpus}, {self.effective_backend}"
 
     def generated_by(self) -> str:
         return shlex.join(self.command_line) if self.command_line else f"trainpod job ... {self.example.name}"

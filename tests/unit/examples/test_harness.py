@@ -196,3 +196,36 @@ def test_a_full_disk_stops_the_example_at_once_with_73_and_one_line(tmp_path, ca
     steps = [int(m) for m in re.findall(r"step (\d+)/", out + err)]
     assert max(steps) <= 8, steps  # stopped within a step or two of the failed save, not at the next save
     assert names == ["ckpt-00000002.json", "ckpt-00000002.pt", "ckpt-00000004.json", "ckpt-00000004.pt"]
+
+
+def resume_in_a_world_of_two(rank: int, directory: str, results: str) -> None:
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{directory}/pg", rank=rank, world_size=2)
+    stateful, sampler = training_state(0, scaler_enabled=False)
+    own = Path(directory) / f"rank{rank}"  # each rank a directory of its own: as if not shared
+    if rank == 1:
+        with Checkpointer(own, log=lambda _: None) as checkpointer:
+            state = {name: obj.state_dict() for name, obj in stateful.items()}
+            checkpointer.save(8, {**state, "sampler": sampler.state_dict(), "rng": [rng_state()] * 2, "loss_curve": []})
+    state = harness.TrainState(cifar10.RECIPE, Checkpointer(own, log=lambda _: None), stateful, sampler, rank,
+                               lambda _: None)
+    try:
+        state.resume()
+        outcome = "resumed"
+    except ConfigError as error:
+        outcome = f"{error.exit_code} {error}"
+    Path(results, f"{rank}.txt").write_text(outcome)
+    dist.destroy_process_group()
+
+
+def test_ranks_that_found_different_newest_checkpoints_all_stop_with_78(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(resume_in_a_world_of_two, args=(str(tmp_path), str(tmp_path)), nprocs=2, join=True)
+    outcomes = [(tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)]
+    for outcome in outcomes:
+        assert outcome.startswith("78 the ranks found different newest checkpoints"), outcome
+        assert "rank 0: none, rank 1: 8" in outcome and "--checkpoint-dir must be one directory shared" in outcome

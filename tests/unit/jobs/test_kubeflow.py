@@ -111,3 +111,41 @@ def test_explain_places_every_pod(args, nodes, nproc, backend):
         assert topology["origins"]["nnodes"] == "PET_NNODES" and topology["origins"]["node_rank"] == "PET_NODE_RANK"
         seen.add(topology["node_rank"])
     assert seen == set(range(nodes))
+
+
+# The elastic example: Worker pods only, and an elasticPolicy (the operator's elastic.go).
+ELASTIC = [
+    ("imagenet-elastic --gpus 0 -- --checkpoint-dir /shared/ckpt", "c10d", None),
+    ("imagenet-elastic --nodes 4 --rdzv-endpoint etcd-0:2379,etcd-1:2379,etcd-2:2379", "etcd-v3", "etcd-0:2379,etcd-1:2379,etcd-2:2379"),
+]
+
+
+@pytest.mark.parametrize("args,backend,endpoint", ELASTIC)
+def test_an_elastic_pytorchjob_is_workers_and_an_elastic_policy_the_sdk_takes(args, backend, endpoint):
+    job = render(args)
+    client = ApiClient()
+    typed = client.deserialize(_Response(job), "KubeflowOrgV1PyTorchJob")
+    assert isinstance(typed.spec.elastic_policy, kubeflow_models.KubeflowOrgV1ElasticPolicy)
+    assert drop_empty(client.sanitize_for_serialization(typed)) == job
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    policy = job["spec"]["elasticPolicy"]
+    assert (policy["minReplicas"], policy["maxReplicas"]) == (2, 4)
+    assert policy["rdzvBackend"] in ("c10d", "etcd")  # what the operator's enum allows
+
+
+@pytest.mark.parametrize("args,backend,endpoint", ELASTIC)
+def test_explain_finds_the_elastic_rendezvous_in_every_pod(args, backend, endpoint):
+    job = render(args)
+    name = job["metadata"]["name"]
+    pods = list(pod_environments(job))
+    assert len(pods) == job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
+    for _rtype, _index, env in pods:
+        (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        result = trainpod("explain", "--json", *container["args"][2:], env=env)
+        assert result.returncode == 0, result.stderr
+        topology = json.loads(result.stdout)
+        rendezvous = topology["rendezvous"]
+        assert (rendezvous["min_nodes"], rendezvous["max_nodes"], topology["node_rank"]) == (2, 4, None), topology
+        assert rendezvous["elastic"] and rendezvous["backend"] == backend
+        assert rendezvous["endpoint"] == (endpoint or f"{name}-worker-0:23456")
+        assert topology["origins"]["rdzv_endpoint"] == ("--rdzv-endpoint" if endpoint else "PET_RDZV_ENDPOINT")
