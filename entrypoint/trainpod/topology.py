@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -112,8 +113,9 @@ class Topology:
 
     @property
     def node_label(self) -> str:
-        """What `[nodeN]` says: the node rank, or '?' while the rendezvous has not assigned one."""
-        return "?" if self.node_rank is None else str(self.node_rank)
+        """What `[nodeN]` says: the node rank, or '@' and the host's name where the rendezvous assigns
+        the rank (etcd, elastic c10d): it may change at every membership change, the host does not."""
+        return f"@{socket.gethostname().split('.')[0]}" if self.node_rank is None else str(self.node_rank)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 
 from trainpod.errors import UsageError
@@ -85,7 +87,8 @@ def test_an_elastic_etcd_v3_job():
                  "--rdzv-conf join_timeout=90 "):
         assert part in joined
     assert "is_host" not in joined  # no store to host: the state is in etcd
-    assert plan.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[node? rank${rank}] "  # the rank comes from the rendezvous
+    # The node's rank comes from the rendezvous (and may change): its lines name the host instead.
+    assert plan.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == f"[node@{socket.gethostname().split('.')[0]} rank${{rank}}] "
     assert (plan.env["TRAINPOD_NNODES"], plan.env["TRAINPOD_MIN_NODES"]) == ("4", "2")
     assert "10.0.0.10" in plan.env["NO_PROXY"].split(",")
 
