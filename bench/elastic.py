@@ -4,7 +4,9 @@ On this host with a real etcd (Debian's etcd-server; started here on free ports)
 two nodes with --nnodes 1:2 train the cifar10-ddp example (synthetic, 512 samples, 2 epochs,
 checkpoints every 2 steps in a shared directory); once rank 0 has printed a step at world 2 after
 a checkpoint could exist, every process of rank 0's node gets SIGKILL (a lost container or host).
-Recovery is the time from the kill to the survivor's first completed step at world 1. Per backend:
+Recovery is the time from the kill to the survivor's first completed step at world 1. Scale-up is
+the other way: one node trains at world 1 (a run long enough to outlast it), a second one starts, and the
+time from its start to the first step at world 2. Per backend, both:
 
 - `trainpod run --rdzv-backend B` (trainpod's elastic rendezvous settings, trainpod.resolve.ELASTIC_CONF),
 - bare torchrun with the same rendezvous (`python -m trainpod.rendezvous.torchrun`, so etcd-v3 is known),
@@ -12,7 +14,7 @@ Recovery is the time from the kill to the survivor's first completed step at wor
 
     python3 bench/elastic.py [--rounds N] [--backends etcd-v3,etcd]
 
-Prints one `bench-elastic: {json}` line, then the table (medians over the rounds).
+Prints one `bench-elastic: {json}` line, then the tables (medians over the rounds).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "entrypoint")]
 
-from fixtures.elastic_host import clean_env, scale_down, torchrun_argv, trainpod_argv  # noqa: E402
+from fixtures.elastic_host import clean_env, scale_down, scale_up, torchrun_argv, trainpod_argv  # noqa: E402
 from fixtures.etcd import EtcdProcess  # noqa: E402
 from trainpod.resolve import ELASTIC_CONF, ETCD_V2_CONF  # noqa: E402
 
@@ -73,7 +75,41 @@ def measure(backends: list[str], rounds: int) -> dict:
                         runs.setdefault(name, []).append(result["recovery_s"] if ok else float("nan"))
                 figures[backend] = {name: statistics.median(values) for name, values in runs.items()}
                 figures[backend]["runs"] = runs
+                figures[backend]["scale_up"] = measure_scale_up(backend, etcd.endpoint, rounds, Path(tmp))
     return figures
+
+
+LONGER = ["--epochs", "400"]  # outlasts the join (then both nodes are stopped); the last --epochs wins
+
+
+# torch shares the first round's bootstrap store info across rounds (the default): in the round a new
+# node joins, rank 0 publishes no MASTER_ADDR and the new node waits for it until the store's timeout.
+# trainpod's launch turns the sharing off (launch.py, pytorch#135712); bare torchrun is measured both ways.
+NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def measure_scale_up(backend: str, endpoint: str, rounds: int, tmp: Path) -> dict:
+    runs: dict[str, list[float]] = {}
+    every = variants(backend, endpoint)
+    # torch's default 30 s last call would dominate the bare run with torch's defaults: the same conf compares.
+    cases = {"trainpod run": (every["trainpod run"], {}),
+             "bare torchrun, same conf": (every["bare torchrun, same conf"], {}),
+             "bare torchrun, same conf, no shared store": (every["bare torchrun, same conf"], NO_SHARED_STORE)}
+    for round_ in range(rounds):
+        for name, (make, env) in cases.items():
+            workdir = tmp / f"up-{backend}-{round_}-{name.replace(' ', '-').replace(',', '')}"
+            try:
+                result = scale_up(lambda make=make, workdir=workdir: make(workdir) + LONGER, clean_env(**env), workdir,
+                                  TIMEOUT_S)
+            except AssertionError as error:
+                print(f"bench-elastic: scale-up {backend} {name}: {str(error)[-3000:]}", file=sys.stderr)
+                result = {"joined_s": None, "running": False}
+            ok = result["joined_s"] is not None and result["running"]
+            if not ok and "nodes" in result:
+                print(f"bench-elastic: scale-up {backend} {name}: no join at world 2 while both ran:\n"
+                      + "\n---\n".join(n.text()[-2000:] for n in result["nodes"]), file=sys.stderr)
+            runs.setdefault(name, []).append(result["joined_s"] if ok else float("nan"))
+    return {**{name: statistics.median(values) for name, values in runs.items()}, "runs": runs}
 
 
 def report(figures: dict) -> str:
@@ -83,6 +119,12 @@ def report(figures: dict) -> str:
     for backend, f in figures.items():
         t, b, s = f["trainpod run"], f["bare torchrun"], f["bare torchrun, same conf"]
         lines.append(f"  {backend:10}{t:>12.1f} s{b:>13.1f} s{t / b:>8.2f}{s:>15.1f} s{t / s:>8.2f}")
+    lines += ["elastic scale-up: a second node's start to the first step at world 2, --nnodes 1:2 (median; nan: no join)",
+              f"  {'backend':10}{'trainpod run':>14}{'bare, same conf':>17}{'bare, same conf, no shared store':>34}{'ratio':>8}"]
+    for backend, f in figures.items():
+        up = f["scale_up"]
+        t, s, n = up["trainpod run"], up["bare torchrun, same conf"], up["bare torchrun, same conf, no shared store"]
+        lines.append(f"  {backend:10}{t:>12.1f} s{s:>15.1f} s{n:>32.1f} s{t / n:>8.2f}")
     return "\n".join(lines)
 
 

@@ -299,16 +299,13 @@ class TrainState:
                 if name != "scaler" or state[name]:
                     obj.load_state_dict(state[name])
             self.sampler.load_state_dict(state["sampler"])
-            rngs = state["rng"]
             if self.feed is not None:
                 self.feed.load_state_dict(state["elastic"])
-                # On another world, a rank beyond the old one takes rank 0's RNG state: the data's
-                # randomness is seeded per sample, so this only reaches ops that draw at random.
-                rngs = rngs if self.rank < len(rngs) else rngs[:1]
-                rank = min(self.rank, len(rngs) - 1)
-            else:
-                rank = self.rank
-            set_rng_state(rngs[rank])
+            # An elastic job may resume on more ranks than saved their RNG states: a new rank takes
+            # rank 0's. The data's randomness is seeded per sample and epoch, so this reaches only
+            # ops that draw at random (dropout); on the same world every rank gets its own back.
+            rngs = state["rng"]
+            set_rng_state(rngs[self.rank] if self.rank < len(rngs) else rngs[0])
         except (KeyError, IndexError, ValueError, RuntimeError, TypeError) as exc:
             # Another model, optimizer or world: retrying would fail the same way.
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

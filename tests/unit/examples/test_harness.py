@@ -229,3 +229,20 @@ def test_ranks_that_found_different_newest_checkpoints_all_stop_with_78(tmp_path
     for outcome in outcomes:
         assert outcome.startswith("78 the ranks found different newest checkpoints"), outcome
         assert "rank 0: none, rank 1: 8" in outcome and "--checkpoint-dir must be one directory shared" in outcome
+
+
+def test_a_rank_the_checkpoint_had_no_rng_state_for_takes_rank_0s(tmp_path):
+    # Scale-up: a world of 1 saved one RNG state; rank 1 of the bigger world resumes from it.
+    stateful, sampler = training_state(0, scaler_enabled=False)
+    torch.manual_seed(1234)
+    saved = rng_state()
+    with Checkpointer(tmp_path, log=lambda _: None) as checkpointer:
+        state = {name: obj.state_dict() for name, obj in stateful.items()}
+        checkpointer.save(4, {**state, "sampler": sampler.state_dict(), "rng": [saved], "loss_curve": []})
+    fresh, fresh_sampler = training_state(1, scaler_enabled=False)
+    state = harness.TrainState(cifar10.RECIPE, Checkpointer(tmp_path, log=lambda _: None), fresh, fresh_sampler, 1,
+                               lambda _: None)
+    assert state.resume()[0] == 4
+    expected = torch.random.get_rng_state()
+    torch.manual_seed(1234)
+    assert torch.equal(expected, torch.random.get_rng_state())  # rank 0's state, as saved
