@@ -7,12 +7,14 @@ reaches trainpod).
 
 - etcd-v3: the node holding rank 0 is lost mid-epoch; the other two meet at world 2 and finish with
   0 from the shared checkpoint, and their metrics say world 2.
-- torch's `etcd` backend (a second etcd cluster, with v2): another node than rank 0's is lost; the
-  other two finish.
+- torch's `etcd` backend (a second etcd cluster, with v2; one endpoint, all that backend takes):
+  another node than rank 0's is lost; the other two finish.
 - c10d: the node that hosts the store (trainer0, the endpoint) is lost; the others end with 69,
   each with one error line per attempt and one final line, within (--max-restarts + 1) x
   (--connect-timeout + a few s): never a hang.
-- A 4th node started mid-run joins at the next rendezvous: world 4, its rank lines appear.
+- A 4th node started mid-run joins at the next rendezvous: world 4, its rank lines appear. (Its rank
+  cannot resume from the smaller world's checkpoint yet: the example's checkpoint holds one RNG
+  state per rank of the world that saved it. Until it can, that ends the test as xfail, with the figure.)
 - Two jobs on one etcd at once (different rendezvous ids) train side by side, each at world 2.
 - etcd faults: one member killed: the job goes on unaffected; a second one (no quorum): each node
   says in one line that etcd is unreachable and exits 69, its supervisor restarts it (69 is
@@ -44,6 +46,7 @@ PREFIX = "10.151.62"  # the module's etcd cluster and its jobs
 PREFIX_V2 = "10.151.63"  # the etcd cluster with v2, for torch's `etcd` backend
 TRAINERS = ("trainer0", "trainer1", "trainer2")
 ETCD = ("etcd0", "etcd1", "etcd2")
+EXAMPLE = "cifar10-ddp"  # the tests' own choice, whatever compose/elastic and the demo default to
 # About 10 s of training at world 3 on 2 cores: time enough to lose a node mid-epoch.
 EXAMPLE_ARGS = "--epochs 3 --synthetic-samples 8192 --log-every 1 --checkpoint-every 4"
 LONGER_ARGS = "--epochs 4 --synthetic-samples 16384 --log-every 1 --checkpoint-every 8"  # about 30 s at world 3
@@ -90,7 +93,8 @@ class Job:
     def __init__(self, cluster: ComposeJob, name: str, tmp_path, **env: str):
         self.id = f"{name}-{uuid.uuid4().hex[:6]}"
         self.compose = ComposeJob(cluster.file, project=cluster.project, env={
-            **cluster.env, "TRAINPOD_RDZV_ID": self.id, "TRAINPOD_EXAMPLE_ARGS": EXAMPLE_ARGS, **env})  # fmt: skip
+            **cluster.env, "TRAINPOD_RDZV_ID": self.id, "TRAINPOD_EXAMPLE": EXAMPLE, "TRAINPOD_EXAMPLE_ARGS": EXAMPLE_ARGS,
+            **env})  # fmt: skip
         self.tmp_path = tmp_path
         self.containers: dict[str, str] = {}
         self.follow: dict[str, Node] = {}
