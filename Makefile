@@ -111,7 +111,7 @@ TRAINPOD_SRC := $(shell find entrypoint -type f -not -path '*/__pycache__/*' \
 	-not -path '*.egg-info/*' -not -path 'entrypoint/build/*')
 
 .PHONY: help setup base wheelhouse images images-cuda $(IMAGES) $(FLAVORS:%=source-%) dev lint test test-cuda demo \
-	bench clean clean-images job-protocols demo-slurm FORCE
+	bench clean clean-images job-protocols demo-slurm demo-elastic FORCE
 
 help: ## list the targets
 	@grep -E '^([a-z-]+|\$$\(IMAGES\)):.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' \
@@ -299,6 +299,10 @@ job-protocols: ## regenerate job_protocols/*.yaml from the example registry (tra
 
 demo-slurm: setup images ## a real SLURM cluster (compose/slurm): sbatch of `trainpod job slurm cifar10-ddp --nodes 2`
 	bash compose/demo-slurm.sh
+
+# The example is one variable (TRAINPOD_EXAMPLE, its flags TRAINPOD_EXAMPLE_ARGS), in compose/demo-elastic.sh.
+demo-elastic: setup images ## an elastic job (compose/elastic: 3 etcd members, 3 nodes, --nnodes 2:4): rank 0's node killed mid-run, the others finish
+	bash compose/demo-elastic.sh
 
 bench: images ## benchmarks
 	$(PYTHON) bench/run.py

@@ -1,0 +1,366 @@
+"""Elastic jobs in containers: compose/elastic (3 etcd members, trainer nodes with --nnodes 2:4), on the real engine.
+
+One etcd cluster (without v2) serves the module; each job is a fresh set of trainer containers in
+its project with a rendezvous id of its own. Every trainer runs cifar10-ddp, one process per node,
+rank 0 logging every step; a node is lost with `docker kill` (SIGKILL of the container: no signal
+reaches trainpod).
+
+- etcd-v3: the node holding rank 0 is lost mid-epoch; the other two meet at world 2 and finish with
+  0 from the shared checkpoint, and their metrics say world 2.
+- torch's `etcd` backend (a second etcd cluster, with v2; one endpoint, all that backend takes):
+  another node than rank 0's is lost; the other two finish.
+- c10d: the node that hosts the store (trainer0, the endpoint) is lost; the others end with 69,
+  each with one error line per attempt and one final line, within (--max-restarts + 1) x
+  (--connect-timeout + a few s): never a hang.
+- A 4th node started mid-run joins at the next rendezvous: world 4, its rank lines appear. (Its rank
+  cannot resume from the smaller world's checkpoint yet: the example's checkpoint holds one RNG
+  state per rank of the world that saved it. Until it can, that ends the test as xfail, with the figure.)
+- Two jobs on one etcd at once (different rendezvous ids) train side by side, each at world 2.
+- etcd faults: one member killed: the job goes on unaffected; a second one (no quorum): each node
+  says in one line that etcd is unreachable and exits 69, its supervisor restarts it (69 is
+  retried); once both members are back the job meets again and finishes from the checkpoint. (Or it
+  splits: the nodes' next attempts may read different generations of the job's rendezvous, as the
+  first agent to see etcd back advances the generation of a rendezvous it could not close. That
+  race ends the test as xfail, naming the generations.)
+
+Each test prints its figures (a node's kill to the survivors' first step at the smaller world).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from fixtures.docker_env import REPO, ComposeJob, run
+from fixtures.elastic_host import Node
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+COMPOSE = REPO / "compose" / "elastic" / "compose.yaml"
+PREFIX = "10.151.62"  # the module's etcd cluster and its jobs
+PREFIX_V2 = "10.151.63"  # the etcd cluster with v2, for torch's `etcd` backend
+TRAINERS = ("trainer0", "trainer1", "trainer2")
+ETCD = ("etcd0", "etcd1", "etcd2")
+EXAMPLE = "cifar10-ddp"  # the tests' own choice, whatever compose/elastic and the demo default to
+# About 10 s of training at world 3 on 2 cores: time enough to lose a node mid-epoch.
+EXAMPLE_ARGS = "--epochs 3 --synthetic-samples 8192 --log-every 1 --checkpoint-every 4"
+LONGER_ARGS = "--epochs 4 --synthetic-samples 16384 --log-every 1 --checkpoint-every 8"  # about 30 s at world 3
+TIMEOUT_S = 300
+
+
+def _timeline():
+    spec = importlib.util.spec_from_file_location("compose_timeline", REPO / "compose" / "timeline.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+timeline = _timeline()
+
+
+STEP = r"\[node\S* rank0\] epoch \d+/\d+ step (\d+)/\d+ "  # rank 0's progress line
+TRAINPOD_LINE = re.compile(r"^(?:\[node[^\] ]*\] )?trainpod: ")  # trainpod's own lines, not a rank's
+
+
+def world_line(world: int) -> str:
+    return rf"\[node\S* rank0\] \S+: world {world}, backend "
+
+
+def wait_step(node: Node, step: int, after: float = 0.0, timeout: float = TIMEOUT_S) -> float:
+    """When rank 0's progress line at `step` or later arrived on `node` (at or after `after`)."""
+    deadline, seen, pattern = time.monotonic() + timeout, 0, re.compile(STEP)
+    while True:
+        lines = list(node.lines)
+        for t, line in lines[seen:]:
+            if t >= after and (found := pattern.search(line)) and int(found.group(1)) >= step:
+                return t
+        seen = len(lines)
+        assert time.monotonic() < deadline, f"{node.name}: rank 0 not at step {step} within {timeout} s:\n{node.text()[-3000:]}"
+        assert node.proc.poll() is None, f"{node.name} ended before rank 0's step {step}:\n{node.text()[-3000:]}"
+        time.sleep(0.2)
+
+
+class Job:
+    """One elastic job in `cluster`'s compose project: its trainers (re)created with a rendezvous id of its
+    own, their logs followed as they come (fixtures.elastic_host.Node on `docker logs -f`)."""
+
+    def __init__(self, cluster: ComposeJob, name: str, tmp_path, **env: str):
+        self.id = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.compose = ComposeJob(cluster.file, project=cluster.project, env={
+            **cluster.env, "TRAINPOD_RDZV_ID": self.id, "TRAINPOD_EXAMPLE": EXAMPLE, "TRAINPOD_EXAMPLE_ARGS": EXAMPLE_ARGS,
+            **env})  # fmt: skip
+        self.tmp_path = tmp_path
+        self.containers: dict[str, str] = {}
+        self.follow: dict[str, Node] = {}
+
+    def up(self, *services: str) -> float:
+        started = time.monotonic()
+        self.compose.compose("up", "-d", "--no-build", "--no-deps", "--force-recreate", *services)
+        for service in services:
+            self._follow(service, self.compose.compose("ps", "-a", "-q", service).stdout.strip())
+        return started
+
+    def run(self, service: str, name: str) -> None:
+        """A one-off container of `service` (compose run), with this job's settings: a node of another job."""
+        container = self.compose.compose("run", "-d", "--no-deps", "--name", f"{self.compose.project}-{name}", service).stdout
+        self._follow(name, container.strip().splitlines()[-1])
+
+    def _follow(self, name: str, container: str) -> None:
+        self.containers[name] = container
+        self.follow[name] = Node(name, ["docker", "logs", "-f", container], dict(os.environ), self.tmp_path / "logs")
+
+    def find(self, pattern: str, after: float = 0.0) -> tuple[str, float] | None:
+        """(node, arrival time) of the earliest line matching `pattern` on any node."""
+        hits = [(name, hit[0]) for name, node in self.follow.items() if (hit := node.find(pattern, after))]
+        return min(hits, key=lambda h: h[1]) if hits else None
+
+    def wait_for(self, pattern: str, timeout: float = TIMEOUT_S, after: float = 0.0) -> tuple[str, float]:
+        deadline = time.monotonic() + timeout
+        while (hit := self.find(pattern, after)) is None:
+            assert time.monotonic() < deadline, f"no line matching {pattern!r} within {timeout} s:\n{self.tails()}"
+            assert any(self.running(n) for n in self.containers), f"every node ended before {pattern!r}:\n{self.tails()}"
+            time.sleep(0.2)
+        return hit
+
+    def rank0_at_step(self, world: int, step: int) -> str:
+        """The node whose rank 0 reached `step` at `world` (it printed `world N` first)."""
+        node, at = self.wait_for(world_line(world))
+        wait_step(self.follow[node], step, after=at)
+        return node
+
+    def running(self, name: str) -> bool:
+        state = run("docker", "inspect", "-f", "{{.State.Running}}", self.containers[name], check=False).stdout.strip()
+        return state == "true"
+
+    def kill(self, name: str) -> float:
+        at = time.monotonic()
+        run("docker", "kill", self.containers[name])
+        return at
+
+    def wait(self, *names: str, timeout: float = TIMEOUT_S) -> dict[str, int]:
+        return {name: int(run("docker", "wait", self.containers[name], timeout=timeout).stdout.strip()) for name in names}
+
+    def text(self, name: str) -> str:
+        return self.follow[name].text()
+
+    def tails(self, chars: int = 2500) -> str:
+        return "\n".join(f"--- {name}:\n{self.text(name)[-chars:]}" for name in self.follow)
+
+    def segments(self) -> list:
+        logs = {name: subprocess.run(["docker", "logs", "-t", c], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, timeout=60).stdout for name, c in self.containers.items()}  # fmt: skip
+        return timeline.segments(logs)
+
+    def metrics(self, *services: str) -> dict:
+        return self.compose.metrics(*services, path=f"/workspace/output/{self.id}/metrics.json")
+
+    def close(self) -> None:
+        for name, container in self.containers.items():
+            run("docker", "rm", "-f", container, check=False)
+            self.follow[name].stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_ready):
+    cluster = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": PREFIX})
+    try:
+        cluster.compose("build", "etcd0", timeout=900)  # one image for the three members
+        cluster.compose("up", "-d", "--no-build", "--wait", *ETCD, timeout=120)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def job_factory(cluster, tmp_path):
+    jobs: list[Job] = []
+
+    def make(name: str, on: ComposeJob = cluster, **env: str) -> Job:
+        jobs.append(Job(on, name, tmp_path / name, **env))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.close()
+
+
+def scale_down(job: Job, lose) -> dict:
+    """Three nodes train at world 3; once rank 0 is past step 6 (a checkpoint every 4), the node
+    lose(rank 0's node) is killed; the other two must meet at world 2 and finish."""
+    job.up(*TRAINERS)
+    holder = job.rank0_at_step(3, 6)
+    victim = lose(holder)
+    killed_at = job.kill(victim)
+    survivors = [t for t in TRAINERS if t != victim]
+    node, formed = job.wait_for(world_line(2), after=killed_at)
+    _, first = job.wait_for(STEP, after=formed)
+    codes = job.wait(*survivors)
+    return {"victim": victim, "holder": holder, "survivors": survivors, "codes": codes,
+            "formed_s": formed - killed_at, "recovery_s": first - killed_at}  # fmt: skip
+
+
+def check_scaled_down(job: Job, result: dict) -> dict:
+    survivors = result["survivors"]
+    assert result["codes"] == dict.fromkeys(survivors, 0), job.tails()
+    metrics = job.metrics(*survivors)
+    assert (metrics["world_size"], metrics["nnodes"]) == (2, 2), metrics
+    assert len(metrics["rank_checksums"]) == 2 and len(set(metrics["rank_checksums"])) == 1
+    segments = job.segments()
+    assert [s.world for s in segments] == [3, 2], segments
+    assert segments[1].resumed_from > 0 and segments[1].end == "finished", segments
+    for survivor in survivors:
+        assert "a membership change, not counted against --max-restarts" in job.text(survivor), job.tails()
+    return metrics
+
+
+def test_etcd_v3_losing_rank_0s_node_leaves_two_nodes_that_finish(job_factory):
+    job = job_factory("down-v3")
+    result = scale_down(job, lose=lambda holder: holder)
+    check_scaled_down(job, result)
+    print(f"\netcd-v3: {result['victim']} (rank 0) killed -> world 2 formed after {result['formed_s']:.1f} s, "
+          f"first step at world 2 after {result['recovery_s']:.1f} s")
+
+
+@pytest.fixture
+def cluster_v2(docker_ready):
+    """Another etcd cluster, with the v2 API that torch's `etcd` rendezvous needs."""
+    cluster = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": PREFIX_V2, "TRAINPOD_ETCD_ENABLE_V2": "true"})
+    try:
+        cluster.compose("build", "etcd0", timeout=900)
+        cluster.compose("up", "-d", "--no-build", "--wait", *ETCD, timeout=120)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def test_torchs_etcd_backend_losing_another_node_leaves_two_that_finish(job_factory, cluster_v2):
+    # torch's etcd backend takes one endpoint (a list is a ValueError in its handler): etcd0 alone.
+    job = job_factory("down-v2", on=cluster_v2, TRAINPOD_RDZV_BACKEND="etcd", TRAINPOD_RDZV_ENDPOINT="etcd0:2379")
+    result = scale_down(job, lose=lambda holder: random.choice([t for t in TRAINERS if t != holder]))
+    check_scaled_down(job, result)
+    assert "etcd rendezvous" in job.text(result["holder"])
+    print(f"\netcd (v2): {result['victim']} (not rank 0) killed -> world 2 formed after {result['formed_s']:.1f} s, "
+          f"first step at world 2 after {result['recovery_s']:.1f} s")
+
+
+def test_c10d_losing_the_stores_host_ends_the_others_with_69_never_a_hang(job_factory):
+    connect, restarts = 10, 1
+    job = job_factory("c10d", TRAINPOD_RDZV_BACKEND="c10d", TRAINPOD_RDZV_ENDPOINT="trainer0:29400",
+                      TRAINPOD_CONNECT_TIMEOUT=str(connect), TRAINPOD_MAX_RESTARTS=str(restarts))
+    job.up(*TRAINERS)
+    job.rank0_at_step(3, 4)
+    killed_at = job.kill("trainer0")  # its agent hosts the store
+    survivors = ("trainer1", "trainer2")
+    codes = job.wait(*survivors, timeout=TIMEOUT_S)
+    elapsed = time.monotonic() - killed_at
+    assert codes == {"trainer1": 69, "trainer2": 69}, job.tails()
+    bound = (restarts + 1) * (connect + 5) + 10
+    assert elapsed < bound, (elapsed, job.tails())
+    for survivor in survivors:
+        lines = [line for line in job.text(survivor).splitlines() if TRAINPOD_LINE.match(line)]
+        errors = [line for line in lines if "trainpod: error:" in line]
+        assert len(errors) == restarts + 1 and all("trainer0" in line for line in errors), lines  # one per attempt
+        final = [line for line in lines if "the job exited with 69 after" in line]
+        assert len(final) == 1 and f"after {restarts + 1} attempt(s)" in final[0], lines
+    print(f"\nc10d: the store's host killed -> both others exited 69 after {elapsed:.1f} s "
+          f"(--connect-timeout {connect}, --max-restarts {restarts}; bound {bound} s)")
+
+
+def test_a_fourth_node_joins_a_running_job(job_factory):
+    job = job_factory("up", TRAINPOD_EXAMPLE_ARGS=LONGER_ARGS)
+    job.up(*TRAINERS)
+    job.rank0_at_step(3, 4)
+    joined_at = job.up("trainer3")  # profile scale-up: named, it starts
+    node, formed = job.wait_for(world_line(4), after=joined_at)
+    _, first = job.wait_for(STEP, after=formed)
+    assert re.search(r"^\[node\S* rank[0-3]\] ", job.text("trainer3"), re.M), job.tails()  # its rank lines
+    joined = job.wait("trainer3")["trainer3"]
+    if joined == 78 and "does not fit this" in job.text("trainer3"):
+        # The examples' checkpoint holds the RNG states of the ranks of the world that saved it: a rank
+        # beyond that world cannot resume from it (78). The rendezvous side worked: world 4 formed.
+        pytest.xfail(f"world 4 formed {formed - joined_at:.1f} s after trainer3 started, but the example cannot resume a "
+                     "bigger world from a smaller world's checkpoint (trainer3's rank: 78, 'does not fit')")
+    codes = {**job.wait(*TRAINERS), "trainer3": joined}
+    assert codes == dict.fromkeys((*TRAINERS, "trainer3"), 0), job.tails()
+    metrics = job.metrics(*TRAINERS)
+    assert (metrics["world_size"], metrics["nnodes"]) == (4, 4), metrics
+    assert len(set(metrics["rank_checksums"])) == 1 and len(metrics["rank_checksums"]) == 4
+    assert [s.world for s in job.segments()] == [3, 4]
+    print(f"\nscale up: trainer3 started -> world 4 formed after {formed - joined_at:.1f} s, "
+          f"its first step after {first - joined_at:.1f} s")
+
+
+def test_two_jobs_on_one_etcd_do_not_meet(job_factory):
+    args = "--epochs 1 --synthetic-samples 4096 --log-every 1"
+    a = job_factory("a", TRAINPOD_EXAMPLE_ARGS=args)
+    b = job_factory("b", TRAINPOD_EXAMPLE_ARGS=args)
+    a.up("trainer0", "trainer1")
+    b.run("trainer2", "b0")
+    b.run("trainer2", "b1")
+    assert a.wait("trainer0", "trainer1") == {"trainer0": 0, "trainer1": 0}, a.tails()
+    assert b.wait("b0", "b1") == {"b0": 0, "b1": 0}, b.tails()
+    for job, nodes in ((a, ("trainer0", "trainer1")), (b, ("b0", "b1"))):
+        assert job.metrics("trainer0")["world_size"] == 2, job.tails()
+        for node in nodes:
+            assert f"etcd-v3 rendezvous {job.id}.g0 " in job.text(node), job.tails()
+        assert [s.world for s in job.segments()] == [2], job.tails()
+
+
+def etcd_container(cluster: ComposeJob, member: str) -> str:
+    return cluster.compose("ps", "-a", "-q", member).stdout.strip()
+
+
+def test_etcd_losing_one_member_is_nothing_losing_quorum_ends_the_attempt_and_quorum_back_resumes(cluster, job_factory):
+    job = job_factory("etcd-faults", TRAINPOD_EXAMPLE_ARGS=LONGER_ARGS)
+    job.up(*TRAINERS)
+    holder = job.rank0_at_step(3, 4)
+    try:
+        one_at = time.monotonic()
+        run("docker", "kill", etcd_container(cluster, "etcd1"))
+        # 20 more steps at world 3 and no failure anywhere: one member of three is nothing to the job.
+        step = int(re.findall(STEP, job.text(holder))[-1])
+        wait_step(job.follow[holder], step + 20, after=one_at)
+        assert job.find(r"trainpod: (error|restarting|the job now has)", after=one_at) is None, job.tails()
+
+        lost_at = time.monotonic()
+        run("docker", "kill", etcd_container(cluster, "etcd2"))
+        said = {}
+        for trainer in TRAINERS:
+            hit = job.follow[trainer].wait_for(r"trainpod: error: rendezvous at \S+ failed: .*etcd unreachable", TIMEOUT_S,
+                                               after=lost_at)
+            assert hit is not None, job.tails()
+            said[trainer] = hit[0] - lost_at
+        run("docker", "start", etcd_container(cluster, "etcd1"), etcd_container(cluster, "etcd2"))
+        back_at = time.monotonic()
+        # Each node's next attempt reads the job's generation once etcd answers again, and says where it meets.
+        meets = {t: job.follow[t].wait_for(rf"etcd-v3 rendezvous {re.escape(job.id)}\.g(\d+) at ", TIMEOUT_S, after=back_at)
+                 for t in TRAINERS}  # fmt: skip
+        assert all(meets.values()), job.tails()
+        generations = {t: re.search(r"\.g(\d+) at ", line).group(1) for t, (_, line) in meets.items()}
+        if len(set(generations.values())) > 1:
+            # The run that lost quorum could not close its rendezvous (etcd refused the write), yet the first
+            # agent to find etcd back advances the job's generation: nodes that read it before meet in the
+            # old, still open, rendezvous, the others in the new one, and the job splits.
+            pytest.xfail(f"quorum back: the nodes split across generations {generations} (a node's agent advanced "
+                         "the generation of a rendezvous it could not close)")
+        _, formed = job.wait_for(world_line(3), after=back_at)
+        codes = job.wait(*TRAINERS)
+    finally:
+        cluster.compose("up", "-d", "--no-build", "--wait", *ETCD, timeout=120)  # whatever happened: a whole cluster again
+    assert codes == dict.fromkeys(TRAINERS, 0), job.tails()
+    segments = job.segments()
+    assert [s.world for s in segments] == [3, 3] and segments[1].resumed_from > 0, segments
+    assert job.metrics(*TRAINERS)["world_size"] == 3
+    for trainer in TRAINERS:
+        assert "the job exited with 69: restart 1 of" in job.text(trainer), job.tails()
+    print(f"\netcd faults: quorum lost -> each node's error line after {min(said.values()):.1f}-{max(said.values()):.1f} s; "
+          f"quorum back -> world 3 again after {formed - back_at:.1f} s")
