@@ -12,9 +12,10 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 compose=(docker compose -f "$here/elastic/compose.yaml")
 
-# The example, and its flags: about a minute of training on a 2-core machine.
-export TRAINPOD_EXAMPLE=${TRAINPOD_EXAMPLE:-cifar10-ddp}
-export TRAINPOD_EXAMPLE_ARGS=${TRAINPOD_EXAMPLE_ARGS:---epochs 4 --synthetic-samples 12288 --log-every 8 --checkpoint-every 16}
+# The example, and its flags: the elastic example (its ledger proves every sample trained once across
+# the membership change), small: about a minute of training on a 2-core machine.
+export TRAINPOD_EXAMPLE=${TRAINPOD_EXAMPLE:-imagenet-elastic}
+export TRAINPOD_EXAMPLE_ARGS=${TRAINPOD_EXAMPLE_ARGS:---image-size 16 --synthetic-samples 960 --synthetic-classes 4 --batch-size 16 --epochs 2 --workers 0 --log-every 4 --checkpoint-every 4}
 export TRAINPOD_RDZV_ID=${TRAINPOD_RDZV_ID:-trainpod-elastic}
 trainers=(trainer0 trainer1 trainer2)
 

@@ -161,15 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     # fixed-size job (SIGTERM, or another node's stop) leaves it open, with this run's nodes in it.
     elastic = int(os.environ.get("TRAINPOD_MIN_NODES", "0") or 0) < int(os.environ.get("TRAINPOD_NNODES", "0") or 0)
     if not signalled or not elastic:
-        _next_generation(args.rdzv_endpoint, say)
+        _next_generation(args.rdzv_endpoint, args.rdzv_backend, say)
     return code
 
 
-def _next_generation(endpoint: str, say: log.Log) -> None:
+def _next_generation(endpoint: str, backend: str, say: log.Log) -> None:
     """With etcd: this run is over, so the job's next run meets in the next generation
     (trainpod.rendezvous.generation). Best effort: with etcd gone now, the next run of the job would
-    meet this run's closed rendezvous, and the warning says so."""
-    from trainpod.rendezvous import generation
+    meet this run's closed rendezvous, and the warning says so. Only a closed rendezvous needs a new
+    generation: one whose close never reached etcd (it lost its quorum) is still open, other nodes may
+    already meet in it again, and advancing would split the job across two generations."""
+    from trainpod.rendezvous import etcd_v3, generation
 
     base, number = os.environ.get(generation.BASE_VAR), os.environ.get(generation.GENERATION_VAR)
     if not base or number is None:
@@ -177,7 +179,12 @@ def _next_generation(endpoint: str, say: log.Log) -> None:
     from trainpod.rendezvous.etcd_http import EtcdClient
 
     try:
-        generation.advance(EtcdClient(endpoint, 5.0), base, int(number))
+        client = EtcdClient(endpoint, 5.0)
+        run_id = generation.run_id(base, int(number))
+        if backend == etcd_v3.NAME and etcd_v3.closed(client, run_id) is False:
+            say(f"the rendezvous {run_id} is still open (its close did not reach etcd): the job's next run meets in it")
+            return
+        generation.advance(client, base, int(number))
     except Exception as error:  # etcd gone: the run's result matters more than the next run's id
         say(f"warning: could not advance the rendezvous generation of {base} in etcd ({type(error).__name__}: {error}): "
             f"the next run of this job may meet the closed rendezvous {generation.run_id(base, int(number))}")

@@ -110,12 +110,20 @@ def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, ori
             endpoint = ",".join(parse_endpoints(endpoint))
         except ValueError as bad:
             raise error_for(e_origin)(f"{e_origin}={endpoint!r}: {bad}") from None
-        if values.get("master_addr") is None:
+        if backend == "etcd" and "," in endpoint:
+            # torch's etcd handler raises a ValueError (a traceback, then "the same failure twice") on a list.
+            raise error_for(e_origin)(f"{e_origin}={endpoint!r}: torch's etcd rendezvous takes one endpoint; give one "
+                                      "etcd member, or use --rdzv-backend etcd-v3, which takes them all")
+        # A master nobody gave (a source's single-node default, 127.0.0.1) would pin the node's address
+        # to loopback: with etcd, the route to etcd picks the interface instead.
+        if values.get("master_addr") is None or origins.get("master_addr", "").startswith("default"):
             host, port = split_endpoint(endpoint, e_origin)
             route = f"{e_origin} (etcd: the route to it picks the interface)"
-            values["master_addr"], values["master_port"] = host, values.get("master_port") or port
+            port_given = values.get("master_port") and not origins.get("master_port", "default").startswith("default")
+            values["master_addr"], values["master_port"] = host, values["master_port"] if port_given else port
             origins["master_addr"] = route
-            origins.setdefault("master_port", route)
+            if not port_given:
+                origins["master_port"] = route
     elif endpoint:
         host, port = _host_port(endpoint, e_origin)
         values["master_addr"], values["master_port"] = host, port  # c10d: the store's host is the master

@@ -264,6 +264,7 @@ class TrainState:
         self.recipe, self.checkpointer, self.stateful = recipe, checkpointer, stateful
         self.sampler, self.rank, self.say, self.feed = sampler, rank, say, feed
         self.fatal: CheckpointError | None = None  # rank 0: a save that no retry can fix, raised by the Checkpointer
+        self.resumed: str | None = None  # the line that says which checkpoint resume() loaded
 
     def failed(self) -> int:
         """Rank 0: the exit code (73) of a save that cannot succeed, as soon as it failed; else 0.
@@ -313,7 +314,9 @@ class TrainState:
                 f"the checkpoint of step {step} in {self.checkpointer.directory} does not fit this {self.recipe.name} job "
                 f"({type(exc).__name__}: {first}): point --checkpoint-dir at this job's own directory"
             ) from None
-        self.say(f"{self.recipe.name}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']})")
+        # Said by the caller after its `world N` line: a log reader (compose/timeline.py) starts a
+        # world's part of the log at that line, and this line belongs to it.
+        self.resumed = f"{self.recipe.name}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']})"
         return step, state["loss_curve"]
 
     def _same_everywhere(self, step: int) -> None:
@@ -430,6 +433,8 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
         bar.total_steps = total_steps
         bar.print(f"{recipe.name}: world {world}, backend {args.backend}, {path.name} (apex: {path.apex_note}), "
                   f"{total_steps} steps of {args.batch_size} per process, {workers} loader worker(s)")
+        if state.resumed:
+            bar.print(state.resumed)
         throughput = reporting.Throughput(warmup_steps=WARMUP_STEPS)
         window = torch.zeros(2, device=device)  # loss sum and steps since the last log point
         loss, rate, first_step_at = (loss_curve[-1][1] if loss_curve else None), 0.0, None

@@ -50,6 +50,7 @@ minutes or more.
 from __future__ import annotations
 
 import binascii
+import pickle
 import threading
 import time
 from collections.abc import Sequence
@@ -157,6 +158,16 @@ class EtcdV3Backend(RendezvousBackend):
         if current is None:
             return None
         return (*current, done)
+
+
+def closed(client: EtcdClient, run_id: str) -> Optional[bool]:
+    """Whether the run's rendezvous is closed, by its state in etcd (torch's pickled _RendezvousState, as
+    its state holder writes it); None when etcd holds none (it expired with the last node's lease)."""
+    with _Errors():
+        found = client.get(f"{KEY_PREFIX}{run_id}/state".encode())
+    if found is None:
+        return None
+    return bool(getattr(pickle.loads(found[0]), "closed", False))
 
 
 def _bytes(value: Union[str, bytes]) -> bytes:

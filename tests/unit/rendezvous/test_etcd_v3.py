@@ -240,9 +240,13 @@ def test_two_handlers_form_a_world_of_two(etcd):
     # Both got the same bootstrap store (rank 0's TCPStore), published through the etcd store.
     assert len({(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos}) == 1
     assert time.monotonic() - started < 10
+    client = EtcdClient(etcd.endpoint, 5)
+    assert etcd_v3.closed(client, run_id) is False  # open while the run lasts: the agent keeps its generation
     for h in handlers:
         h.shutdown()
     assert handlers[0].is_closed()
+    assert etcd_v3.closed(client, run_id) is True  # closed: the job's next run needs the next generation
+    assert etcd_v3.closed(client, "no-such-run") is None
 
 
 def test_the_store_waits_as_long_as_the_read_timeout(etcd):
