@@ -203,6 +203,8 @@ def resume_in_a_world_of_two(rank: int, directory: str, results: str) -> None:
 
     import torch.distributed as dist
 
+    from trainpod import distributed
+
     dist.init_process_group("gloo", init_method=f"file://{directory}/pg", rank=rank, world_size=2)
     stateful, sampler = training_state(0, scaler_enabled=False)
     own = Path(directory) / f"rank{rank}"  # each rank a directory of its own: as if not shared
@@ -218,7 +220,9 @@ def resume_in_a_world_of_two(rank: int, directory: str, results: str) -> None:
     except ConfigError as error:
         outcome = f"{error.exit_code} {error}"
     Path(results, f"{rank}.txt").write_text(outcome)
-    dist.destroy_process_group()
+    # Not destroy_process_group() at once: after all_gather_object gloo may still be freeing on its own
+    # thread, and tearing the group down under it aborts the process (trainpod.distributed.shutdown).
+    distributed.shutdown()
 
 
 def test_ranks_that_found_different_newest_checkpoints_all_stop_with_78(tmp_path):
