@@ -80,7 +80,12 @@ def rank(tmp_path):
 
 def test_a_rank_that_uses_progress_dumps_its_own_stack_without_ptrace(rank, tmp_path):
     assert progress.read(tmp_path)[0].step == 3
-    stack = stacks.own_dump(tmp_path, 0, tmp_path / "stack.txt")
+    # Its dump thread starts with its first progress.step(): on a busy machine it may not be serving
+    # yet when "ready" arrives (the agent asks only after a long stall). Ask until it serves, up to 20 s.
+    deadline = time.monotonic() + 20
+    while "serves no dump requests" in (stack := stacks.own_dump(tmp_path, 0, tmp_path / "stack.txt")).error:
+        assert time.monotonic() < deadline, stack
+        time.sleep(0.05)
     assert stack.source == "faulthandler" and stack.main[0].function == "wait_for_data", stack
     assert stack.main[0].file == "<string>"
 
