@@ -74,7 +74,7 @@ class ElasticFeed:
     """The elastic example's data: sampler, ids with every sample, ledger, LR rule, membership."""
 
     def __init__(self, train_set: Any, world: int, rank: int, seed: int):
-        self.world, self.rank = world, rank
+        self.world = world
         self.dataset = WithIds(train_set)
         self.sampler = ElasticSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=seed)
         self.ledger = Ledger(len(train_set), seed=seed)

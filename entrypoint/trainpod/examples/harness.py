@@ -259,10 +259,10 @@ def cpus_per_process() -> int:
 class TrainState:
     """What a checkpoint holds, and the checkpoint calls every rank makes together."""
 
-    def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int, say,
+    def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int,
                  feed: ElasticFeed | None = None):
         self.recipe, self.checkpointer, self.stateful = recipe, checkpointer, stateful
-        self.sampler, self.rank, self.say, self.feed = sampler, rank, say, feed
+        self.sampler, self.rank, self.feed = sampler, rank, feed
         self.fatal: CheckpointError | None = None  # rank 0: a save that no retry can fix, raised by the Checkpointer
         self.resumed: str | None = None  # the line that says which checkpoint resume() loaded
 
@@ -420,7 +420,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
         scaler = path.grad_scaler()
         stateful = {"model": unwrap(model), "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-        state = TrainState(recipe, checkpointer, stateful, sampler, rank, bar.print, feed)
+        state = TrainState(recipe, checkpointer, stateful, sampler, rank, feed)
         step, loss_curve = state.resume()
         first_epoch = sampler.state_dict()["epoch"] if step else 1
         if feed is not None:

@@ -70,7 +70,7 @@ def test_the_lr_warms_up_then_decays_to_zero(total):
 
 def resume(directory, stateful, sampler):
     checkpointer = Checkpointer(directory, log=lambda _: None)
-    return harness.TrainState(cifar10.RECIPE, checkpointer, stateful, sampler, 0, lambda _: None).resume()
+    return harness.TrainState(cifar10.RECIPE, checkpointer, stateful, sampler, 0).resume()
 
 
 def training_state(seed: int, scaler_enabled: bool):
@@ -212,8 +212,7 @@ def resume_in_a_world_of_two(rank: int, directory: str, results: str) -> None:
         with Checkpointer(own, log=lambda _: None) as checkpointer:
             state = {name: obj.state_dict() for name, obj in stateful.items()}
             checkpointer.save(8, {**state, "sampler": sampler.state_dict(), "rng": [rng_state()] * 2, "loss_curve": []})
-    state = harness.TrainState(cifar10.RECIPE, Checkpointer(own, log=lambda _: None), stateful, sampler, rank,
-                               lambda _: None)
+    state = harness.TrainState(cifar10.RECIPE, Checkpointer(own, log=lambda _: None), stateful, sampler, rank)
     try:
         state.resume()
         outcome = "resumed"
@@ -244,8 +243,7 @@ def test_a_rank_the_checkpoint_had_no_rng_state_for_takes_rank_0s(tmp_path):
         state = {name: obj.state_dict() for name, obj in stateful.items()}
         checkpointer.save(4, {**state, "sampler": sampler.state_dict(), "rng": [saved], "loss_curve": []})
     fresh, fresh_sampler = training_state(1, scaler_enabled=False)
-    state = harness.TrainState(cifar10.RECIPE, Checkpointer(tmp_path, log=lambda _: None), fresh, fresh_sampler, 1,
-                               lambda _: None)
+    state = harness.TrainState(cifar10.RECIPE, Checkpointer(tmp_path, log=lambda _: None), fresh, fresh_sampler, 1)
     assert state.resume()[0] == 4
     expected = torch.random.get_rng_state()
     torch.manual_seed(1234)
