@@ -56,8 +56,8 @@ RESUME_CASES = {
 def trainpod_run(example: str, args: list[str], out: Path, env: dict[str, str] | None = None, **popen):
     command = [sys.executable, "-m", "trainpod", "run", "--no-supervise", "--master-port", str(29500 + os.getpid() % 1000),
                "--example", example, "--", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "entrypoint"), "TRAINPOD_OUTPUT_DIR": str(out), "TRAINPOD_PROGRESS": "lines",
-           **(env or {})}
+    path = os.pathsep.join(filter(None, [str(ROOT / "entrypoint"), os.environ.get("PYTHONPATH")]))  # Apex may be there
+    env = {**os.environ, "PYTHONPATH": path, "TRAINPOD_OUTPUT_DIR": str(out), "TRAINPOD_PROGRESS": "lines", **(env or {})}
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 

@@ -213,8 +213,9 @@ class AgentPolicy:
         if counted or provisional is not None:
             self.budget.membership_changed()
 
-    def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
-        super()._shutdown(death_sig, timeout)
+    def _shutdown(self, *args, **kwargs):
+        # Passed through as given: torch 2.11's takes (death_sig), 2.13's (death_sig, timeout).
+        super()._shutdown(*args, **kwargs)
         if self.control is not None:
             self.control.wait_seen()  # node 0: the store goes away with this process
             self.control.close()  # no request to the store in flight when the interpreter exits

@@ -183,11 +183,14 @@ def device_for(recipe: Recipe, backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(backend: str) -> None:
+def init_distributed(backend: str, device: torch.device) -> None:
+    # NCCL is told the rank's GPU: it binds its communicator to it, and barrier() does not warn that
+    # it guesses the device.
+    device_id = device if backend == "nccl" and device.type == "cuda" else None
     if "RANK" in os.environ:
-        dist.init_process_group(backend)  # env://: torchrun set MASTER_ADDR/PORT, RANK, WORLD_SIZE
+        dist.init_process_group(backend, device_id=device_id)  # env://: torchrun set MASTER_ADDR/PORT, RANK, WORLD_SIZE
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
 
 
 def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
@@ -394,7 +397,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
     data = recipe.data(args, bar.print)
     workers = args.workers if args.workers is not None else recipe.default_workers(cpus_per_process())
 
-    init_distributed(args.backend)
+    init_distributed(args.backend, device)
     preemption = None
     try:
         world = dist.get_world_size()
@@ -456,7 +459,8 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
                     delivered = len(labels)
                     trained = delivered * world  # DDP keeps ranks in step and the sampler gives every rank equal batches
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-                optimizer.zero_grad(set_to_none=True)
+                # No keyword: Apex's fused optimizers take none (both set the gradients to None).
+                optimizer.zero_grad()
                 with path.autocast():
                     batch_loss = loss_fn(model(images), labels) * loss_scale
                 scaler.scale(batch_loss).backward()

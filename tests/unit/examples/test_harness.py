@@ -248,3 +248,17 @@ def test_a_rank_the_checkpoint_had_no_rng_state_for_takes_rank_0s(tmp_path):
     expected = torch.random.get_rng_state()
     torch.manual_seed(1234)
     assert torch.equal(expected, torch.random.get_rng_state())  # rank 0's state, as saved
+
+
+class _ZeroGradWithoutKeywords(torch.optim.SGD):
+    """Apex's FusedSGD and FusedAdam declare `zero_grad(self)`: no set_to_none (found on a GPU host)."""
+
+    def zero_grad(self):
+        super().zero_grad()
+
+
+def test_the_harness_steps_an_optimizer_whose_zero_grad_takes_no_keyword(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness.precision.Path, "optimizer",
+                        lambda self, name, params, lr, weight_decay=0.0: _ZeroGradWithoutKeywords(params, lr=lr))
+    assert cifar10.main(["--max-steps", "2", "--batch-size", "8", "--synthetic-samples", "64",
+                         "--output-dir", str(tmp_path)]) == 0
