@@ -9,6 +9,7 @@ supervisord down. run_supervised(), the container's main process under tini, sta
 forwards signals to it, and exits with the code from that file.
 
     tini -> trainpod run (run_supervised) -> supervisord -> job: python -m trainpod.job
+                                              (trainpod.supervisord: its loop ticks every 50 ms, not 1 s)
                                                           -> policy: python -m trainpod.supervise
 
 One budget of --max-restarts, restarts *without progress* (trainpod.restarts), covers both
@@ -129,7 +130,7 @@ def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, node
     outer = os.getpid()
     # No thread runs here, so the pre-exec function is safe: supervisord gets SIGTERM if this process
     # dies, even of SIGKILL, and stops the job as on `docker stop`.
-    supervisord = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(config)],
+    supervisord = subprocess.Popen([sys.executable, "-m", "trainpod.supervisord", "-c", str(config)],
                                    env={**env, BUDGET_DIR: str(workdir)},
                                    preexec_fn=lambda: orphans.die_with_parent(orphans.PARENT_SIGNAL, outer))
 

@@ -1,0 +1,31 @@
+"""supervisord with a 50 ms main-loop tick: `python -m trainpod.supervisord -c CONF`.
+
+supervisord acts on a child's start or exit only when its main loop comes round, which it does when
+one of its sockets or pipes has something to read, or else after poll()'s fixed 1-second timeout (a
+SIGCHLD does not cut the wait short: Python retries the interrupted poll). Every launch paid for it
+twice over: autostart programs are spawned after the first timeout, and a job's exit reaches the
+event listener two loop turns after it happened (the reap, then the event's dispatch), each usually
+a full second. Capping the timeout at TICK_S makes both take tens of milliseconds; each extra turn
+costs supervisord a waitpid and a few checks (well under 1 % of a core at 20 turns a second).
+
+The loop's timeout is a local variable of Supervisor.runforever(), so the cap goes on the poller
+class that supervisord's options instantiate; tests/unit/test_supervisord.py pins the supervisor
+version this was checked against.
+"""
+
+from __future__ import annotations
+
+from supervisor import poller, supervisord
+
+TICK_S = 0.05
+_poll = poller.Poller.poll  # the platform's implementation (poll(2) on Linux)
+
+
+def _poll_at_most_a_tick(self, timeout):
+    return _poll(self, min(timeout, TICK_S))
+
+
+poller.Poller.poll = _poll_at_most_a_tick
+
+if __name__ == "__main__":
+    supervisord.main()
