@@ -15,7 +15,8 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
 `_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_rendezvous()` (then
 `_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`,
-`_pcontext.stderrs` and the c10d rendezvous handler's `_store`. Checked with torch 2.13.0
+`_pcontext.stderrs`, the c10d rendezvous handler's `_store` and
+`torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
 """
@@ -47,6 +48,10 @@ def torch_internals_missing() -> list[str]:
         if not callable(getattr(LocalElasticAgent, method, None)):
             missing.append(f"LocalElasticAgent.{method}()")
     missing += _rendezvous_store_missing()
+    from torch.distributed.elastic.rendezvous import utils
+
+    if not callable(getattr(utils, "_matches_machine_hostname", None)):
+        missing.append("torch.distributed.elastic.rendezvous.utils._matches_machine_hostname() (who hosts a c10d store)")
     try:
         spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=None, entrypoint="true", max_restarts=2)
         agent = LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs())
@@ -112,7 +117,7 @@ def _report(failures, say: log.Log) -> None:
         say(f"rank {rank} (local rank {failure.local_rank}) {agent_policy.describe_failure(failure)}")
 
 
-def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None) -> None:
+def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None, hosts_store: bool = False) -> None:
     """Make torchrun's launcher build our agent: torch offers no hook for the changes it makes."""
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -122,8 +127,24 @@ def _install_agent_class(say: log.Log, watch: hangwatch.Watch | None = None) -> 
         which sees a hung worker group (trainpod.hangwatch) as a failed one."""
 
         hang_watch = watch
+        would_host_store = hosts_store
 
     launcher.LocalElasticAgent = Agent
+
+
+def _would_host_c10d_store(args) -> bool:
+    """Whether an agent started on this node hosts the c10d store, by torch's rule: the rendezvous
+    configuration's is_host if set, else whether the endpoint names this machine."""
+    if args.rdzv_backend != "c10d" or not args.rdzv_endpoint:
+        return False
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
+
+    conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
+    is_host = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, "check", 1, 1, **conf).get_as_bool("is_host")
+    if is_host is not None:
+        return is_host
+    return _matches_machine_hostname(parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)[0])
 
 
 def _without_unknown_shutdown_timeout(parser, argv: list[str], say: log.Log) -> list[str]:
@@ -146,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     watch = hangwatch.Watch.from_env(node, say)  # --hang-timeout (TRAINPOD_HANG_TIMEOUT), None when 0
     if watch is not None:
         os.environ.update(watch.environment())  # the ranks inherit the agent's environment
-    _install_agent_class(say, watch)
     # trainpod's own rendezvous backend (etcd's v3 API) must be in torch's registry before the launcher
     # creates the handler for --rdzv-backend etcd-v3.
     from trainpod.rendezvous import etcd_v3
@@ -156,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
     args = parser.parse_args(argv)
+    _install_agent_class(say, watch, _would_host_c10d_store(args))
     code, signalled = _run(run, args, say)
     # torch's launcher closed the rendezvous (it does at any end but a signal); a signal that ended a
     # fixed-size job (SIGTERM, or another node's stop) leaves it open, with this run's nodes in it.

@@ -7,7 +7,10 @@ agent.py the plumbing (logs, exit codes). Per failed worker group, in order:
    exit with that node's code (143 after its SIGTERM), restart nothing;
 2. the master's store stopped answering after the job had started (its agent was killed, not
    stopped): wait at most --rejoin-timeout for its port, then end with 69 and one line (or, if it
-   answers again, exit 69 so that supervisord starts an agent that joins the new master);
+   answers again, exit 69 so that supervisord starts an agent that joins the new master). Any
+   multi-node c10d job: node 0's store, or the one at --rdzv-endpoint (an elastic job's too, where
+   nothing else could replace it; JobControl's thread watches it, else the agent asks its port
+   when the ranks failed or the rendezvous did);
 3. otherwise trainpod.restarts.Budget decides: codes that are never restarted (64, 73, 78, 143),
    the same failure twice without progress, or a budget of restarts *without progress* spent end
    the job, and the node that ends it tells the others (the stop key); else torchrun restarts the
@@ -25,6 +28,8 @@ not the end of the job, so there is no stop key (JobControl runs only in fixed-s
   143 that they did not cause as the membership change it is and re-rendezvous without the node,
   resuming from that checkpoint; without the vote, their ranks fail in their next collective, and
   the rule below applies. (The whole job is stopped by stopping every node.)
+- Losing the node that hosts a c10d store is rule 2: c10d cannot move its store (etcd and etcd-v3
+  have no such node).
 - A failed worker group is decided by the budget as always, but the next rendezvous tells what it
   was: if it has a different number of nodes, a node left (or joined) and the failure was that
   change, so the restart it counted is given back (restarts.Budget.membership_changed) and it is
@@ -54,7 +59,7 @@ import time
 from pathlib import Path
 
 from trainpod import hangwatch, log, orphans, progress, restarts
-from trainpod.control import JobControl, Stop
+from trainpod.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.errors import EXIT_UNAVAILABLE
 from trainpod.settings import REJOIN_TIMEOUT
 
@@ -155,15 +160,18 @@ class AgentPolicy:
         self._nodes: int | None = None  # nodes in the last rendezvous round (an elastic job's membership)
         self._counted = False  # a failure since that round was counted by the budget
         self._provisional: restarts.Decision | None = None  # the budget's end, unless a node left (elastic)
-        # The stop key lives in the store c10d's host node keeps: a fixed-size c10d job's (the module docstring)
-        # (and only where the node ranks are known: node 0's agent is the store's host).
-        if self.nnodes > 1 and not self.elastic and _backend(spec.rdzv_handler) == "c10d" and node and node.isdigit():
-            store = getattr(spec.rdzv_handler, "_store", None)
-            if store is not None:
-                master = (str(getattr(store, "host", "?")), int(getattr(store, "port", 0)))  # a TCPStore's endpoint
-                self.control = JobControl(store, node_rank=self.node_rank, nnodes=self.nnodes, is_host=self.node_rank == 0,
-                                          master=master, committed=lambda: restarts.reported(self._progress_dir)[0],
-                                          say=self._say)
+        # A multi-node c10d job meets in a TCPStore that one node's agent hosts: node 0's, or the one at
+        # --rdzv-endpoint. Losing that node loses the store (_master_lost).
+        store = getattr(spec.rdzv_handler, "_store", None) if _backend(spec.rdzv_handler) == "c10d" else None
+        self.store: tuple[str, int] | None = None
+        if self.nnodes > 1 and store is not None:
+            self.store = (str(getattr(store, "host", "?")), int(getattr(store, "port", 0)))  # a TCPStore's endpoint
+        # The stop key lives in that store: a fixed-size job's (the module docstring), where the node ranks
+        # are known (node 0's agent is the store's host).
+        if self.store is not None and not self.elastic and node and node.isdigit():
+            self.control = JobControl(store, node_rank=self.node_rank, nnodes=self.nnodes, is_host=self.node_rank == 0,
+                                      master=self.store, committed=lambda: restarts.reported(self._progress_dir)[0],
+                                      say=self._say)
 
     # --- torch's hooks ---
 
@@ -231,6 +239,8 @@ class AgentPolicy:
                 self._master_lost()
             if control.stop is not None and not control.announced:
                 raise self._stopped_by(control.stop)
+        elif self._store_gone():  # an elastic job, or one whose nodes the rendezvous numbers: no stop key
+            self._master_lost()
         rank, first = _first_failure(result.failures)
         code = exit_code(first.exitcode)
         if self.elastic and code == restarts.EXIT_STOPPED:
@@ -278,12 +288,21 @@ class AgentPolicy:
         self.final = self.budget.end(stop.code, line)
         return _stopped_exception(stop.code, line)
 
+    would_host_store = False  # set by trainpod.agent: a new agent on this node would host the c10d store
+
+    def _store_gone(self) -> bool:
+        """After the job started: the c10d store's port does not answer (its host node's agent is gone),
+        and no agent on this node could host it again (else the supervisor's restart does). Asked only
+        without JobControl, whose thread watches the store all along."""
+        return (self.control is None and self.store is not None and self.started and not self.would_host_store
+                and not wait_for_port(self.store, PROBE_WAIT_S))
+
     def _master_lost(self, already_s: float = 0.0) -> None:
-        """The store (node 0's agent) stopped answering: wait for the master, bounded; raises MasterLost."""
-        host, port = self.control.master if self.control else ("?", 0)
+        """The store (node 0's agent, or the endpoint's) stopped answering: wait for it, bounded; raises MasterLost."""
+        host, port = self.store or ("?", 0)
         wait = max(0.0, self.rejoin_timeout - already_s)
         self._say(f"the master {host}:{port} stopped answering: waiting up to {wait:g}s for it to come back (--rejoin-timeout)")
-        if self.control is not None and wait > 0 and self.control.wait_for_master(wait):
+        if self.store is not None and wait > 0 and wait_for_port(self.store, wait):
             line = f"the master {host}:{port} answers again: this node's agent exits {EXIT_UNAVAILABLE} to join it anew"
             self._say(line)
             raise MasterLost(line, final=False)
@@ -296,10 +315,18 @@ class AgentPolicy:
     def rendezvous_failed(self) -> bool:
         """After torch's RendezvousError: if the job had started and the master is gone, the bounded
         wait for it (MasterLost) instead of a retry with the full --connect-timeout. False: not that case."""
-        if not self.started or self.control is None or self.control.is_host or self.final is not None:
+        if not self.started or self.final is not None:
+            return False
+        if self.control is not None:
+            if self.control.is_host:
+                return False
+            already = self.control.unreachable_s()
+        elif self._store_gone():
+            already = 0.0
+        else:
             return False
         try:
-            self._master_lost(already_s=self.control.unreachable_s())
+            self._master_lost(already_s=already)
         except MasterLost:
             return True
         return True

@@ -164,18 +164,7 @@ class JobControl:
 
     def wait_for_master(self, timeout: float) -> bool:
         """Whether the master's port accepts a connection again within `timeout` seconds."""
-        host, port = self.master
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                with socket.create_connection((host, port), timeout=max(0.2, min(2.0, remaining))):
-                    return True
-            except OSError:
-                pass
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        return wait_for_port(self.master, timeout)
 
     def close(self, wait: float = 2 * POLL_S) -> None:
         """Stop polling, and wait (bounded) for a poll in flight: a thread still inside a request to the
@@ -192,3 +181,18 @@ def _parse(value) -> Stop:
         return Stop(int(data["code"]), data.get("node", "?"), str(data.get("why", "")))
     except (ValueError, KeyError, TypeError):
         return Stop(143, "?", text)
+
+
+def wait_for_port(address: tuple[str, int], timeout: float) -> bool:
+    """Whether `address` accepts a TCP connection within `timeout` seconds (asked about once a second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            with socket.create_connection(address, timeout=max(0.2, min(2.0, remaining))):
+                return True
+        except OSError:
+            pass
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

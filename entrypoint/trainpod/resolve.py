@@ -221,7 +221,9 @@ def resolve_topology(
         origins["node_rank"] = f"the {rendezvous.backend} rendezvous (assigned when the nodes meet)"
     elif given.node_rank is not None:
         node_rank, origins["node_rank"] = given.node_rank, given.origins["node_rank"]
-    elif found.node_rank is not None:
+    elif found.node_rank is not None and not (cls.name == "single" and (rendezvous.elastic or rendezvous.endpoint)):
+        # (The single source's node 0 is a one-node job's. With nothing set, a multi-node c10d job's nodes
+        # would all be node 0; its rendezvous numbers them instead.)
         node_rank, origins["node_rank"] = found.node_rank, found.origins.get("node_rank", cls.name)
     elif rendezvous.elastic or rendezvous.endpoint:
         origins["node_rank"] = "the c10d rendezvous (torch picks the store's host by its address)"

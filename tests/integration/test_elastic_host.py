@@ -5,6 +5,9 @@
   rank 0's node makes the survivor re-rendezvous at world 1, resume from the shared checkpoint and
   finish with 0. The seconds from the kill to its first step at world 1 are printed.
 - SIGTERM to one node: it leaves with 143, every rank checkpoints, the survivor goes on at world 1.
+- c10d: SIGKILL of the node whose agent hosts the store; the survivor, which may not host it, waits
+  --rejoin-timeout for it, then ends with 69 and one line: never a hang, never an attempt per
+  --max-restarts. A survivor that may host it (the endpoint names its machine) does, and finishes.
 - `--rdzv-backend etcd` against an etcd without v2: 78 and one line naming the endpoint and both fixes.
 - The same command twice in a row works (each run meets in a fresh generation of the id), and two
   jobs on one etcd at once never meet.
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
-from fixtures.elastic_host import STEPS, Node, clean_env, scale_down, trainpod_argv
+from fixtures.elastic_host import STEPS, Node, clean_env, first_to_print, scale_down, trainpod_argv
+from fixtures.etcd import free_port
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -51,6 +56,56 @@ def test_a_stopped_node_leaves_and_the_survivor_goes_on_from_its_checkpoint(etcd
     assert result["survivor_code"] == 0, text[-5000:]
     assert "another node of this elastic job was stopped" in text and "world 1, backend gloo" in text
     print(f"\netcd-v3: stopped node -> first step at world 1: {result['recovery_s']:.1f} s")
+
+
+def c10d_nodes(tmp_path, port: int, rejoin: float, is_host: dict[str, str]) -> list[Node]:
+    # Long enough (128 steps at world 2) that the job is still running when its store's host is killed.
+    argv = [*trainpod_argv("c10d", f"127.0.0.1:{port}", tmp_path), "--synthetic-samples", "8192"]
+    env = clean_env(TRAINPOD_REJOIN_TIMEOUT=str(rejoin), TRAINPOD_MAX_RESTARTS="3")
+    return [Node(name, argv, {**env, **({"TRAINPOD_RDZV_CONF": f"is_host={is_host[name]}"} if is_host else {})},
+                 tmp_path / "logs") for name in "ab"]
+
+
+def kill_the_stores_host(nodes: list[Node], port: int) -> tuple[Node, float]:
+    assert first_to_print(nodes, r"step [2-9]/128 ", TIMEOUT_S), nodes[0].text()[-3000:]
+    host = next(node for node in nodes if node.listens_on(port))
+    return next(node for node in nodes if node is not host), host.kill()
+
+
+def test_losing_the_c10d_stores_host_ends_the_survivor_with_69_and_one_line(tmp_path):
+    # As on separate machines: only node a may host the store (torch's is_host), as only the machine
+    # the endpoint names does.
+    port, rejoin = free_port(), 5
+    nodes = c10d_nodes(tmp_path, port, rejoin, {"a": "1", "b": "0"})
+    try:
+        survivor, killed_at = kill_the_stores_host(nodes, port)
+        code = survivor.wait(TIMEOUT_S)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for node in nodes:
+            node.stop()
+    text = survivor.text()
+    assert code == 69, text[-5000:]
+    errors = [line for line in text.splitlines() if "trainpod: error:" in line]
+    assert len(errors) == 1, text[-5000:]
+    assert f"the master 127.0.0.1:{port} went away after the job started and did not come back within {rejoin}s" in errors[0]
+    assert elapsed < rejoin + 30, (elapsed, text[-3000:])  # detection, the wait, the exit: not one --connect-timeout per restart
+    print(f"\nc10d: the store's host killed -> the survivor exited 69 after {elapsed:.1f} s (--rejoin-timeout {rejoin})")
+
+
+def test_a_survivor_that_may_host_the_c10d_store_hosts_a_new_one_and_finishes(tmp_path):
+    # Both nodes on the machine the endpoint names: the survivor's next agent hosts the store, alone.
+    port = free_port()
+    nodes = c10d_nodes(tmp_path, port, 5, {})
+    try:
+        survivor, _ = kill_the_stores_host(nodes, port)
+        code = survivor.wait(TIMEOUT_S)
+    finally:
+        for node in nodes:
+            node.stop()
+    text = survivor.text()
+    assert code == 0, text[-5000:]
+    assert "stopped answering" not in text and "world 1, backend gloo" in text
 
 
 def test_torchs_etcd_backend_without_v2_is_78_in_one_line(etcd, tmp_path):

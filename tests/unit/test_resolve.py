@@ -94,3 +94,14 @@ def test_pai_explain_keys():
     for key in ("source", "nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr", "master_port", "backend", "interface"):
         assert key in data
     assert data["world_size"] == 2
+
+
+@pytest.mark.parametrize("env", [
+    {"TRAINPOD_NNODES": "2:4", "TRAINPOD_RDZV_ENDPOINT": "10.0.0.1:29400"},  # elastic
+    {"TRAINPOD_NNODES": "3", "TRAINPOD_RDZV_ENDPOINT": "10.0.0.1:29400"},  # fixed size, the store at an endpoint
+])
+def test_with_nothing_else_set_a_multi_node_c10d_jobs_rendezvous_numbers_the_nodes(env):
+    # Not the single source's node 0 for every node: torch picks the store's host by its address.
+    topology = resolve(env)
+    assert (topology.source, topology.node_rank) == ("single", None)
+    assert topology.origins["node_rank"].startswith("the c10d rendezvous")
