@@ -346,8 +346,10 @@ def test_etcd_losing_one_member_is_nothing_losing_quorum_ends_the_attempt_and_qu
             said[trainer] = hit[0] - lost_at
         run("docker", "start", etcd_container(cluster, "etcd1"), etcd_container(cluster, "etcd2"))
         back_at = time.monotonic()
-        # Each node's next attempt reads the job's generation once etcd answers again, and says where it meets.
-        meets = {t: job.follow[t].wait_for(rf"etcd-v3 rendezvous {re.escape(job.id)}\.g(\d+) at ", TIMEOUT_S, after=back_at)
+        # Each node's next attempt reads the job's generation once etcd answers again, and says where it meets;
+        # a node that gave up first may have started it (and read etcd's old answer) while etcd came back.
+        meets = {t: job.follow[t].wait_for(rf"etcd-v3 rendezvous {re.escape(job.id)}\.g(\d+) at ", TIMEOUT_S,
+                                           after=lost_at + said[t])
                  for t in TRAINERS}  # fmt: skip
         assert all(meets.values()), job.tails()
         generations = {t: re.search(r"\.g(\d+) at ", line).group(1) for t, (_, line) in meets.items()}
