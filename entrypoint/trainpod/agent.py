@@ -138,13 +138,14 @@ def _would_host_c10d_store(args) -> bool:
     if args.rdzv_backend != "c10d" or not args.rdzv_endpoint:
         return False
     from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
     conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
     is_host = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, "check", 1, 1, **conf).get_as_bool("is_host")
     if is_host is not None:
         return is_host
-    return _matches_machine_hostname(parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)[0])
+    return _matches_machine_hostname(parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=DEFAULT_PORT)[0])
 
 
 def _without_unknown_shutdown_timeout(parser, argv: list[str], say: log.Log) -> list[str]:

@@ -134,6 +134,8 @@ def progress_dir(env=os.environ) -> str:
 class AgentPolicy:
     """Mixed in before torch's LocalElasticAgent (module docstring)."""
 
+    would_host_store = False  # set by trainpod.agent: a new agent on this node would host the c10d store
+
     def __init__(self, spec, *args, **kwargs):
         global _current
         super().__init__(spec, *args, **kwargs)
@@ -287,8 +289,6 @@ class AgentPolicy:
         self._say(line)
         self.final = self.budget.end(stop.code, line)
         return _stopped_exception(stop.code, line)
-
-    would_host_store = False  # set by trainpod.agent: a new agent on this node would host the c10d store
 
     def _store_gone(self) -> bool:
         """After the job started: the c10d store's port does not answer (its host node's agent is gone),

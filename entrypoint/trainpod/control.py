@@ -162,10 +162,6 @@ class JobControl:
                 return
             time.sleep(0.1)
 
-    def wait_for_master(self, timeout: float) -> bool:
-        """Whether the master's port accepts a connection again within `timeout` seconds."""
-        return wait_for_port(self.master, timeout)
-
     def close(self, wait: float = 2 * POLL_S) -> None:
         """Stop polling, and wait (bounded) for a poll in flight: a thread still inside a request to the
         store when the interpreter exits can abort the process (std::terminate in torch's store)."""
