@@ -1,8 +1,9 @@
 """Where launch time goes: `trainpod run` against bare torchrun, phase by phase, on this host (issue 15).
 
 A trivial 2-process gloo job (import torch, init_process_group, barrier, destroy) runs under
-`trainpod run --nproc-per-node 2 --hang-timeout 0 -- python JOB` and under
-`torchrun --standalone --nproc-per-node 2 JOB`, alternating, both with torch's INFO logs on.
+`trainpod run --nproc-per-node 2 --hang-timeout 0 -- python JOB`, the same with `--warm-start on`
+(the ranks forked from a server that imported torch during the rendezvous, trainpod.warm) and
+under `torchrun --standalone --nproc-per-node 2 JOB`, alternating, both with torch's INFO logs on.
 Each line is timestamped as it arrives; the ranks print their own clock. Phases, in seconds from
 the launch:
 
@@ -93,6 +94,9 @@ def main() -> int:
         sides = {
             "trainpod run": [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--hang-timeout", "0",
                              "--", sys.executable, str(job)],
+            # the ranks forked from a server that imports torch during the rendezvous (trainpod.warm)
+            "--warm-start on": [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--hang-timeout", "0",
+                                "--warm-start", "on", "--", sys.executable, str(job)],
             "bare torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(job)],
         }
         runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
@@ -100,13 +104,14 @@ def main() -> int:
             for side, argv in sides.items():  # alternating: a drifting load hits both alike
                 runs[side].append(run_once(argv, env))
     print(f"launch phases (this host, 2 processes, gloo; seconds from the launch, median of {args.rounds} alternating runs)")
-    print(f"  {'phase':<11}{'trainpod run':>14}{'bare torchrun':>15}{'extra':>8}")
+    print(f"  {'phase':<11}" + "".join(f"{side:>16}" for side in sides) + "".join(f"{'extra':>8}" for _ in list(sides)[1:]))
     for phase in PHASES:
         values = {side: [run[phase] for run in runs[side] if phase in run] for side in sides}
         med = {side: statistics.median(v) if v else None for side, v in values.items()}
-        a, b = med["trainpod run"], med["bare torchrun"]
-        cells = [f"{a:>14.2f}" if a is not None else f"{'-':>14}", f"{b:>15.2f}" if b is not None else f"{'-':>15}",
-                 f"{a - b:>+8.2f}" if a is not None and b is not None else f"{'':>8}"]
+        bare = med["bare torchrun"]
+        cells = [f"{v:>16.2f}" if v is not None else f"{'-':>16}" for v in med.values()]
+        cells += [f"{med[side] - bare:>+8.2f}" if med[side] is not None and bare is not None else f"{'':>8}"
+                  for side in sides if side != "bare torchrun"]
         print(f"  {phase:<11}{''.join(cells)}")
     return 0
 

@@ -101,6 +101,8 @@ def environment() -> dict[str, str]:
 def kind_of(process: psutil.Process) -> str | None:
     """What a process of the job's tree is, by its command line (and a worker by its environment)."""
     try:
+        if process.name().startswith("rank"):  # a warm rank (trainpod.warm): the fork server's command line
+            return f"worker rank {process.name()[4:]}"
         cmdline = " ".join(process.cmdline())
         if "trainpod.examples.cifar10" in cmdline and "torch.distributed.run" not in cmdline \
                 and "trainpod.agent" not in cmdline and "LOCAL_RANK" in process.environ():

@@ -14,7 +14,7 @@ killed and counts as a failed one with code 124, which the same policy decides o
 torch offers no hook for these changes, so the agent relies on some of torch's private API:
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
 `_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_rendezvous()` (then
-`_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`,
+`_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`, `_start_method` (trainpod.warm),
 `_pcontext.stderrs`, the c10d rendezvous handler's `_store` and
 `torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
@@ -64,6 +64,8 @@ def torch_internals_missing() -> list[str]:
         missing.append("LocalElasticAgent._worker_group.spec.max_restarts")
     if getattr(spec, "entrypoint", None) != "true" or not hasattr(spec, "args"):
         missing.append("WorkerSpec.entrypoint and .args (the ranks' command)")
+    if getattr(agent, "_start_method", None) != "spawn":
+        missing.append("LocalElasticAgent._start_method (how function entrypoints start: trainpod.warm's forkserver)")
     if not hasattr(agent, "_pcontext"):
         missing.append("LocalElasticAgent._pcontext (its stderrs: the ranks' log files)")
     import inspect

@@ -58,7 +58,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainpod import hangwatch, log, orphans, progress, restarts
+from trainpod import hangwatch, log, orphans, progress, restarts, warm
 from trainpod.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.errors import EXIT_UNAVAILABLE
 from trainpod.settings import REJOIN_TIMEOUT
@@ -152,7 +152,14 @@ class AgentPolicy:
         self._progress_dir = os.environ[progress.DIR_VAR]
         spec = self._worker_group.spec
         if isinstance(spec.entrypoint, str):  # a command (torchrun --run-path would give a function)
-            spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
+            target = warm.python_target([spec.entrypoint, *spec.args])
+            if warm.wanted(os.environ.get(warm.VAR, "off"), target):
+                # Forked from a server that imports torch and the example now, during the rendezvous.
+                spec.entrypoint, spec.args = warm.run_rank, (target[0], target[1], *target[2])
+                self._start_method = warm.START_METHOD
+                warm.start_server(warm.preload(target))
+            else:
+                spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
         self.budget = restarts.budget_from_env(spec.max_restarts)
         self.rejoin_timeout = REJOIN_TIMEOUT.from_env(os.environ)[0]
         self.final: restarts.Decision | None = None

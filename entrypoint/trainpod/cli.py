@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from trainpod import __version__, environments, job, jobs, log, settings
+from trainpod import __version__, environments, job, jobs, log, settings, warm
 from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
 from trainpod.launch import Target, available_cpus, build_plan
@@ -57,7 +57,7 @@ EXAMPLE = Setting("example", f"a bundled example: {', '.join(EXAMPLES)}; flags a
 JSON = Setting("json", "print JSON instead of a table", Switch(), default=False)
 RESOLVE = Setting("resolve", "also resolve the master's DNS name to pick the interface", Switch(), default=False)
 # Shape the command `run` would exec, so `explain` takes them too and shows that command exactly.
-RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS)
+RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, settings.WARM_START)
 
 
 def _job_flags(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +155,10 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
         raise error_for(origin)(f"{origin}={topology.nnodes}: the example {example.name} trains on at most {example.max_nodes} "
                                 "node(s) (DataParallel stays in one process); across nodes use cifar10-ddp")
     target = _target(values.example, command, args.command, required)
+    if values.warm_start == "on" and target is not None and target.command and warm.python_target(target.command) is None:
+        origin = values.origins["warm_start"]
+        raise error_for(origin)(f"{origin}=on: expected a command that this Python ({sys.executable}) runs as "
+                                f"`python SCRIPT ...` or `python -m MODULE ...`, got {target.command[0]!r}; use auto or off")
     if topology.max_restarts is not None and values.origins["max_restarts"] == "default":
         values.max_restarts, values.origins["max_restarts"] = topology.max_restarts, topology.origins["max_restarts"]
     rdzv = topology.rdzv
@@ -206,7 +210,7 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
         plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=values.max_restarts,
                           term_grace=values.term_grace, join_timeout=values.connect_timeout,
                           progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
-                          hang_timeout=values.hang_timeout)
+                          hang_timeout=values.hang_timeout, warm_start=values.warm_start)
     if explain.json:
         data = topology.to_dict()
         if plan:
@@ -228,7 +232,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     spec = job.JobSpec(topology=topology, target=target, connect_timeout=values.connect_timeout,
                        term_grace=values.term_grace, max_restarts=values.max_restarts,
                        progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
-                       hang_timeout=values.hang_timeout)
+                       hang_timeout=values.hang_timeout, warm_start=values.warm_start)
     if values.no_supervise:
         job.run(spec)  # does not return: this process becomes torchrun's agent
     if importlib.util.find_spec("supervisor") is None:

@@ -432,3 +432,9 @@ HANG_TIMEOUT = Setting(
     "group as a failure (124 when no restart is left); 0 turns the watch off", Number(minimum=0),
     var="TRAINPOD_HANG_TIMEOUT", default=120.0)
 HANGS = (HANG_TIMEOUT,)
+
+WARM_START = Setting(
+    "warm_start", "fork every rank, at the start and at each restart, from one process per node that imported torch "
+    "(and the example) once: auto for the bundled examples, on also for a `python SCRIPT` or `python -m MODULE` "
+    "command run by this Python, off for neither (trainpod.warm)", Choice(("auto", "on", "off")),
+    var="TRAINPOD_WARM_START", default="auto")

@@ -11,7 +11,7 @@ import time
 import pytest
 from test_faults import CHECKPOINTS, COMPOSE, FAULTS, NODES, STEPS, Follower, in_volume
 
-from fixtures.docker_env import REPO, ComposeJob
+from fixtures.docker_env import REPO, ComposeJob, find_rank
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -112,9 +112,8 @@ def finish(job: ComposeJob) -> dict:
 
 
 def stop_rank(job: ComposeJob, rank: int) -> float:
-    """SIGSTOP the process of global rank `rank` on node1 (found by its RANK variable); when it was sent."""
-    find = (f"for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK={rank} "
-            "&& echo ${p#/proc/}; done; true")
+    """SIGSTOP the process of global rank `rank` on node1 (fixtures.docker_env.find_rank); when it was sent."""
+    find = find_rank(rank)
     [pid] = job.compose("exec", "-T", "node1", "sh", "-c", find).stdout.split()
     job.compose("exec", "-T", "node1", "kill", "-STOP", pid)
     return time.time()

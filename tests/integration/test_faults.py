@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fixtures.docker_env import REPO, ComposeJob
+from fixtures.docker_env import REPO, ComposeJob, find_rank
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -98,9 +98,8 @@ class Follower:
 
 
 def kill_rank(job: ComposeJob, rank: int) -> str:
-    """SIGKILL the process of global rank `rank`, found by its RANK variable; returns its node."""
-    find = (f"for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK={rank} "
-            "&& echo ${p#/proc/}; done; true")
+    """SIGKILL the process of global rank `rank` (fixtures.docker_env.find_rank); returns its node."""
+    find = find_rank(rank)
     for node in NODES:
         pids = job.compose("exec", "-T", node, "sh", "-c", find).stdout.split()
         if pids:

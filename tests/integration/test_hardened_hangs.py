@@ -8,7 +8,7 @@ import time
 import pytest
 from testcontainers.core.container import DockerContainer
 
-from fixtures.docker_env import IMAGE, REPO
+from fixtures.docker_env import IMAGE, REPO, find_rank
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -45,7 +45,7 @@ def test_a_rank_asleep_before_init_is_named_with_its_stack_in_a_hardened_contain
 
 def test_a_sigstopped_rank_is_named_with_its_stack_in_a_hardened_container(docker_ready):
     command = "trainpod run --nproc-per-node 2 --hang-timeout 10 --max-restarts 0 -- python3 /hangs/hang_job.py run --steps 100000"
-    find = "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK=1 && echo ${p#/proc/}; done; true"
+    find = find_rank(1)
     with hardened(command) as container:
         deadline = time.monotonic() + 120
         while logs(container).count("runs its steps") < 2:

@@ -124,6 +124,7 @@ def test_configuration_errors_exit_78(env):
     ["explain", "--master-addr", ""],
     ["explain", "--master-addr", "10.0.0.1:29500"],
     ["explain", "--nnodes", "1_0"],
+    ["run", "--warm-start", "sometimes", "--", "true"],
 ])
 def test_malformed_flags_are_named_with_64(args):
     line = one_line_error(trainpod(*args), 64)
@@ -142,10 +143,24 @@ def test_malformed_flags_are_named_with_64(args):
     ({"NNODES": "٢", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}, "NNODES='٢'"),
     ({"NNODES": "1_0", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}, "NNODES='1_0'"),
     ({"NNODES": "9" * 25, "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}, "NNODES="),
+    ({"TRAINPOD_WARM_START": "yes"}, "TRAINPOD_WARM_START='yes'"),
 ])
 def test_malformed_variables_are_named_with_78_and_never_run(env, named):
     for command in (["explain"], ["run", "--", "true"]):
         assert named in one_line_error(trainpod(*command, env=env), 78)
+
+
+def test_warm_start_reaches_the_agent_and_on_refuses_what_is_not_this_pythons_script():
+    for args, env, expected in ((["--example", "cifar10-ddp"], {}, "auto"), (["--warm-start", "off", "--", "true"], {}, "off"),
+                                (["--", sys.executable, "train.py"], {"TRAINPOD_WARM_START": "on"}, "on")):
+        result = trainpod("explain", "--json", *args, env=env)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["env"]["TRAINPOD_WARM_START"] == expected
+    # on for a command no fork of this Python can run: refused before anything starts, by its origin
+    line = one_line_error(trainpod("run", "--warm-start", "on", "--", "bash", "train.sh"), 64)
+    assert line.startswith("trainpod: error: --warm-start=on: expected a command that this Python") and "'bash'" in line
+    line = one_line_error(trainpod("run", "--", "bash", "train.sh", env={"TRAINPOD_WARM_START": "on"}), 78)
+    assert "TRAINPOD_WARM_START=on" in line
 
 
 def test_source_pai_as_a_flag_without_pai_variables():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.processes import alive
 from trainpod import orphans
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
@@ -27,14 +28,6 @@ PARENT = textwrap.dedent("""
     print(child.pid, flush=True)
     time.sleep(300)
 """)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent():
