@@ -15,7 +15,8 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
 `_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_rendezvous()` (then
 `_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`, `_start_method` (trainpod.warm),
-`_pcontext.stderrs`, the c10d rendezvous handler's `_store` and
+`_pcontext.stderrs`, the c10d rendezvous handler's `_store`, the etcd backend's module constant
+`CONST_WORKER_KEEPALIVE_TTL` (trainpod's --rdzv-conf keep_alive_ttl) and
 `torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
@@ -29,7 +30,7 @@ import signal
 import sys
 
 from trainpod import agent_policy, hangwatch, log
-from trainpod.errors import EXIT_UNAVAILABLE
+from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 
 CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
 
@@ -48,8 +49,11 @@ def torch_internals_missing() -> list[str]:
         if not callable(getattr(LocalElasticAgent, method, None)):
             missing.append(f"LocalElasticAgent.{method}()")
     missing += _rendezvous_store_missing()
-    from torch.distributed.elastic.rendezvous import utils
+    from torch.distributed.elastic.rendezvous import etcd_rendezvous, utils
 
+    if not isinstance(getattr(etcd_rendezvous, "CONST_WORKER_KEEPALIVE_TTL", None), int):
+        missing.append("torch.distributed.elastic.rendezvous.etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL (--rdzv-conf "
+                       "keep_alive_ttl)")
     if not callable(getattr(utils, "_matches_machine_hostname", None)):
         missing.append("torch.distributed.elastic.rendezvous.utils._matches_machine_hostname() (who hosts a c10d store)")
     try:
@@ -143,11 +147,36 @@ def _would_host_c10d_store(args) -> bool:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
-    conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
+    conf = _rdzv_conf(args)
     is_host = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, "check", 1, 1, **conf).get_as_bool("is_host")
     if is_host is not None:
         return is_host
     return _matches_machine_hostname(parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=DEFAULT_PORT)[0])
+
+
+def _rdzv_conf(args) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
+
+
+KEEP_ALIVE_TTL = "keep_alive_ttl"  # trainpod's --rdzv-conf key for torch's etcd backend
+KEEP_ALIVE_TTL_RANGE = (2, 3600)
+
+
+def _set_etcd_keep_alive_ttl(args) -> str | None:
+    """torch's etcd backend keeps each node in a rendezvous by a key with a TTL that is a module constant
+    (10 s, renewed every 5 s), so a lost node is seen up to 10 s late. --rdzv-conf keep_alive_ttl=N
+    (an elastic etcd job's default: 4, trainpod.resolve) sets it for this agent. Returns the error line
+    for a bad value, None otherwise."""
+    value = _rdzv_conf(args).get(KEEP_ALIVE_TTL)
+    if args.rdzv_backend != "etcd" or value is None:
+        return None
+    low, high = KEEP_ALIVE_TTL_RANGE
+    if not value.strip().isdigit() or not low <= int(value) <= high:
+        return f"--rdzv-conf {KEEP_ALIVE_TTL}={value!r}: expected whole seconds from {low} to {high}"
+    from torch.distributed.elastic.rendezvous import etcd_rendezvous
+
+    etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = int(value)  # read by the backend each time it sets or renews the key
+    return None
 
 
 def _without_unknown_shutdown_timeout(parser, argv: list[str], say: log.Log) -> list[str]:
@@ -179,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
     args = parser.parse_args(argv)
+    bad = _set_etcd_keep_alive_ttl(args)
+    if bad:
+        say(f"error: {bad}")
+        return EXIT_CONFIG
     _install_agent_class(say, watch, _would_host_c10d_store(args))
     code, signalled = _run(run, args, say)
     # torch's launcher closed the rendezvous (it does at any end but a signal); a signal that ended a

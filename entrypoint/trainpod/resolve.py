@@ -152,7 +152,10 @@ def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, ori
 # node a second (c10d: a store request). A node that starts more than 3 s after the others joins the
 # next round instead, which restarts the workers once (a membership change, not a failure).
 ELASTIC_CONF = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "3"}
-ETCD_V2_CONF = {"last_call_timeout": "3"}  # torch's etcd backend: its keep-alive TTLs are fixed (10 s)
+# torch's etcd backend: its nodes' keep-alive keys have a fixed TTL (10 s, renewed every 5 s); keep_alive_ttl
+# is trainpod's own key, which the agent applies (trainpod.agent): a lost node is seen after at most 4 s,
+# for one etcd write per node every 2 s.
+ETCD_V2_CONF = {"last_call_timeout": "3", "keep_alive_ttl": "4"}
 
 
 def _rdzv_defaults(rendezvous: Rendezvous) -> dict[str, str]:

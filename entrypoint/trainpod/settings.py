@@ -395,7 +395,8 @@ RDZV_ID = Setting(
     "generation of it", var="TRAINPOD_RDZV_ID", metavar="ID")
 RDZV_CONF = Setting(
     "rdzv_conf", "torchrun's --rdzv-conf KEY=VALUE,... over trainpod's (an elastic job's: keep_alive_interval=1, "
-    "keep_alive_max_attempt=3, last_call_timeout=3; etcd: last_call_timeout=3)", RdzvConf(), var="TRAINPOD_RDZV_CONF",
+    "keep_alive_max_attempt=3, last_call_timeout=3; etcd: last_call_timeout=3, keep_alive_ttl=4, trainpod's key for "
+    "torch's fixed 10 s keep-alive TTL)", RdzvConf(), var="TRAINPOD_RDZV_CONF",
     metavar="KEY=VALUE,...")
 RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID, RDZV_CONF)
 TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND, INTERFACE, *RENDEZVOUS)

@@ -5,13 +5,18 @@ A rank started the usual way (`python -u -m MODULE`) spends most of its start im
 SIGKILL to the restarted group's next step (bench/recovery.py). With warm starts the agent asks
 torch's launcher for function entrypoints started by Python's multiprocessing `forkserver`: one
 server process per node, started by the agent before its first rendezvous, imports torch and the
-example once (while the nodes meet), and every rank of every start and restart is a fork of it.
+example once (while the nodes meet), and every rank of every start and restart is a fork of it:
+1.26 s from a rank's SIGKILL to the next step here, 3.9 s before (bench/recovery.py).
 
 What the rank runs is unchanged: `run_rank` sets sys.argv and runs the module (or script) as
 `__main__` with runpy, as `python -m` does; its exit code, its lines (torch's tee and prefixes) and
 the hang watch's view of it are those of a rank started by command. Differences a script may see:
 - its parent is the fork server, not the agent; it gets SIGKILL when the server exits, which the
-  server does when the agent dies (trainpod.orphans' rule: no rank outlives its agent);
+  server does when the agent dies (trainpod.orphans' rule: no rank outlives its agent); the server
+  is in a session of its own, as torch's ranks are, so a signal to the agent's process group
+  reaches the ranks only through the agent, with their --term-grace (trainpod.warm_server);
+- `ps` shows the command it would have run and the name rank<R> (name_process); its environment in
+  /proc is the server's;
 - it inherits what the server imported: an example module's top level runs in the server, without
   the rank's variables (the bundled examples read them in main(), never at import; a user's code
   is never imported there);
@@ -37,7 +42,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from trainpod import orphans
+from trainpod import orphans, warm_server
 
 VAR = "TRAINPOD_WARM_START"
 START_METHOD = "forkserver"  # torchrun's --start-method for function entrypoints
@@ -46,7 +51,7 @@ EXAMPLES_PACKAGE = "trainpod.examples."
 # and torch._dynamo: 1.1 s of CPU per rank on this host), and what the agent's module imports (each
 # forked rank prepares as multiprocessing's children do, running the parent's __main__ module,
 # trainpod.agent, which must not be imported already: runpy would warn).
-PRELOAD = ("trainpod.warm_server", "torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "numpy.random",
+PRELOAD = (warm_server.__name__, "torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "numpy.random",
            "trainpod.agent_policy", "trainpod.hangwatch")
 _PYTHON = re.compile(r"python[0-9.]*")
 _PYTHON_OPTIONS = ("-u", "-B")  # options that mean nothing to a forked rank (unbuffered it is)
@@ -131,6 +136,8 @@ def run_rank(kind: str, name: str, *argv: str) -> None:
     torch's launcher waits for a return value from every rank, so a normal end (exit code 0 or None)
     returns; another exit code leaves as SystemExit, which multiprocessing turns into the exit code."""
     orphans.die_with_parent(orphans.RANK_SIGNAL)  # with the server, which dies with the agent (trainpod.warm_server)
+    for sig in warm_server.IGNORED:  # the server ignores them; a new interpreter would not
+        signal.signal(sig, signal.SIG_DFL)
     name_process(f"rank{os.environ.get('RANK', '')}", [sys.executable, "-u", *(("-m",) if kind == "-m" else ()), name, *argv])
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # -u: every line reaches torch's tee at once

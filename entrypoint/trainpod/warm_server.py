@@ -5,14 +5,22 @@
   rank holds it (multiprocessing passes it to every child it forks), so without this a killed agent
   would leave the server and the ranks running (trainpod.orphans: no rank outlives its agent);
 - it leaves the agent's session and process group, as torch puts each rank it starts in a session
-  of its own: a signal to the agent's group (supervisord's stopasgroup on `docker stop`, a shell's
-  kill -TERM -PGID) reaches the agent, which gives the ranks their --term-grace, and not the server,
-  whose death would SIGKILL the ranks mid-checkpoint.
+  of its own, and it ignores the signals that stop a job (SIGTERM, SIGHUP, SIGQUIT; multiprocessing
+  already ignores SIGINT there). Whoever signals the job's processes (supervisord's stopasgroup on
+  `docker stop`, a shell's kill -TERM -PGID, scancel signalling every process of the step) reaches
+  the agent and the ranks, which save their checkpoint within --term-grace; the server, whose death
+  would SIGKILL them mid-checkpoint, goes only with the agent. run_rank gives the ranks the default
+  dispositions back.
 """
 
 import os
+import signal
 
 from trainpod import orphans
 
+IGNORED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
 orphans.die_with_parent(orphans.RANK_SIGNAL)
 os.setsid()
+for _sig in IGNORED:
+    signal.signal(_sig, signal.SIG_IGN)

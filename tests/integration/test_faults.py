@@ -64,6 +64,7 @@ class Follower:
 
     def __init__(self, job: ComposeJob):
         self.lines: list[str] = []
+        self.arrived: list[float] = []  # time.monotonic() of each line's arrival
         self.process = subprocess.Popen(job.command("logs", "-f", "--no-color", "--no-log-prefix", "node0"),
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                         env={**os.environ, **job.env})
@@ -71,7 +72,20 @@ class Follower:
 
     def _read(self) -> None:
         for line in self.process.stdout:
+            self.arrived.append(time.monotonic())
             self.lines.append(line)
+
+    def step_after_resume(self, resumes: int, timeout: float = 240) -> float:
+        """When rank 0's first step line after its `resumes`-th resume arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = 0
+            for line, arrived in zip(list(self.lines), list(self.arrived)):
+                seen += bool(RESUMED.search(line))
+                if seen == resumes and STEP_LINE.match(line):
+                    return arrived
+            time.sleep(0.02)
+        raise AssertionError(f"rank 0 reported no step after resume {resumes}:\n{''.join(self.lines[-40:])}")
 
     def wait_for_step(self, step: int, resumes: int, timeout: float = 240) -> None:
         """Until rank 0 reports `step` (or later) after its `resumes`-th resume."""
@@ -120,14 +134,19 @@ def test_sigkill_of_random_ranks_at_three_steps_one_mid_checkpoint_write(job, re
     job.env["TRAINPOD_FAILPOINTS"] = "checkpoint-write@24"  # rank 0, between the bytes and the rename
     job.up()
     follower = Follower(job)
+    recoveries = []
     try:
         for done, (step, rank) in enumerate(kills):
             follower.wait_for_step(step, resumes=done)
+            killed = time.monotonic()
             kill_rank(job, rank)
-            follower.wait_for_resumes(done + 1)
+            recoveries.append(follower.step_after_resume(done + 1) - killed)
     finally:
         follower.close()
     metrics = finish(job)
+    # Reported, not asserted (the machine is shared): `docker exec kill -9` to rank 0's next step line as
+    # `compose logs -f` delivers it (issue 15: 1.5 s or less with warm starts)
+    print(f"\ncompose 2-node job, SIGKILL of a rank to rank 0's next step: {', '.join(f'{s:.2f} s' for s in recoveries)}")
 
     log = job.logs("node0") + job.logs("node1")
     assert log.count("was killed by SIGKILL") >= 3, log[-4000:]

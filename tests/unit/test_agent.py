@@ -20,3 +20,21 @@ def test_the_installed_torch_is_one_the_agent_was_checked_with():
         f"torch {torch.__version__} is not in trainpod.agent.CHECKED_WITH {agent.CHECKED_WITH}: read the agent's use of "
         "torch's private API against it, then add it"
     )
+
+
+def test_keep_alive_ttl_sets_torchs_etcd_backend_constant_and_a_bad_value_is_one_line(monkeypatch):
+    from argparse import Namespace
+
+    from torch.distributed.elastic.rendezvous import etcd_rendezvous
+
+    monkeypatch.setattr(etcd_rendezvous, "CONST_WORKER_KEEPALIVE_TTL", 10)  # torch's value, restored afterwards
+    assert agent._set_etcd_keep_alive_ttl(Namespace(rdzv_backend="etcd-v3", rdzv_conf="keep_alive_ttl=3")) is None
+    assert etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL == 10  # the key is torch's etcd backend's only
+    assert agent._set_etcd_keep_alive_ttl(Namespace(rdzv_backend="etcd", rdzv_conf="last_call_timeout=3")) is None
+    assert etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL == 10
+    assert agent._set_etcd_keep_alive_ttl(Namespace(rdzv_backend="etcd", rdzv_conf="timeout=300,keep_alive_ttl=4")) is None
+    assert etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL == 4
+    for bad in ("1", "0.5", "x", "3601"):
+        line = agent._set_etcd_keep_alive_ttl(Namespace(rdzv_backend="etcd", rdzv_conf=f"keep_alive_ttl={bad}"))
+        assert line == f"--rdzv-conf keep_alive_ttl={bad!r}: expected whole seconds from 2 to 3600"
+    assert etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL == 4

@@ -77,8 +77,9 @@ def script(tmp_path: Path, body: str) -> str:
 
 def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(tmp_path):
     path = script(tmp_path, """
-        import multiprocessing, os, sys, helper
-        print(__name__, sys.argv, helper.VALUE, os.environ["PYTHONUNBUFFERED"], multiprocessing.get_start_method())
+        import multiprocessing, os, signal, sys, helper
+        print(__name__, sys.argv, helper.VALUE, os.environ["PYTHONUNBUFFERED"], multiprocessing.get_start_method(),
+              [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)])
         # What ps shows: the rank's name, and the command it would have run (not its fork server's)
         print(open("/proc/self/comm").read().strip(), open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").split(b"\\0"))
     """)
@@ -87,7 +88,7 @@ def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(tmp_pat
     default = subprocess.run([sys.executable, "-c", "import multiprocessing as m; print(m.get_start_method())"],
                              capture_output=True, text=True).stdout.strip()
     assert result.stdout.splitlines()[1:] == [
-        f"__main__ {[path, '--lr', '0.1']} from the script directory 1 {default}",
+        f"__main__ {[path, '--lr', '0.1']} from the script directory 1 {default} {[signal.SIG_DFL] * 3}",
         f"rank3 {[os.fsencode(arg) for arg in (sys.executable, '-u', path, '--lr', '0.1')]}",
         "exit 0"]
     assert result.stderr == ""
@@ -129,6 +130,13 @@ def test_a_warm_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent(tmp_p
         # Out of the agent's session and process group, as torch's own ranks: a SIGTERM to the agent's group
         # (supervisord stopping the job) reaches the agent, which gives the ranks their grace; not the server.
         assert os.getsid(rank) != os.getsid(agent.pid) and os.getpgid(rank) != os.getpgid(agent.pid)
+        # and it outlives the signals that stop a job (scancel sends SIGTERM to every process of the step):
+        # the ranks then checkpoint within their grace, which its death would cut short
+        server = int(Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            os.kill(server, sig)
+        time.sleep(0.5)
+        assert alive(server) and alive(rank)
         agent.kill()  # the fork server sees its agent gone and exits; the rank has asked for SIGKILL then
         agent.wait()
         deadline = time.monotonic() + 10
