@@ -42,7 +42,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from trainpod import orphans, warm_server
+from trainpod import orphans
 
 VAR = "TRAINPOD_WARM_START"
 START_METHOD = "forkserver"  # torchrun's --start-method for function entrypoints
@@ -51,8 +51,10 @@ EXAMPLES_PACKAGE = "trainpod.examples."
 # and torch._dynamo: 1.1 s of CPU per rank on this host), and what the agent's module imports (each
 # forked rank prepares as multiprocessing's children do, running the parent's __main__ module,
 # trainpod.agent, which must not be imported already: runpy would warn).
-PRELOAD = (warm_server.__name__, "torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "numpy.random",
+PRELOAD = ("trainpod.warm_server", "torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "numpy.random",
            "trainpod.agent_policy", "trainpod.hangwatch")
+# What stops a job, which the server ignores (trainpod.warm_server) and run_rank gives back to the ranks.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _PYTHON = re.compile(r"python[0-9.]*")
 _PYTHON_OPTIONS = ("-u", "-B")  # options that mean nothing to a forked rank (unbuffered it is)
 
@@ -136,7 +138,7 @@ def run_rank(kind: str, name: str, *argv: str) -> None:
     torch's launcher waits for a return value from every rank, so a normal end (exit code 0 or None)
     returns; another exit code leaves as SystemExit, which multiprocessing turns into the exit code."""
     orphans.die_with_parent(orphans.RANK_SIGNAL)  # with the server, which dies with the agent (trainpod.warm_server)
-    for sig in warm_server.IGNORED:  # the server ignores them; a new interpreter would not
+    for sig in STOP_SIGNALS:  # the server ignores them; a new interpreter would not
         signal.signal(sig, signal.SIG_DFL)
     name_process(f"rank{os.environ.get('RANK', '')}", [sys.executable, "-u", *(("-m",) if kind == "-m" else ()), name, *argv])
     for stream in (sys.stdout, sys.stderr):

@@ -17,10 +17,9 @@ import os
 import signal
 
 from trainpod import orphans
-
-IGNORED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+from trainpod.warm import STOP_SIGNALS
 
 orphans.die_with_parent(orphans.RANK_SIGNAL)
 os.setsid()
-for _sig in IGNORED:
+for _sig in STOP_SIGNALS:
     signal.signal(_sig, signal.SIG_IGN)

@@ -50,6 +50,16 @@ def test_what_is_not_this_pythons_script_or_module_is_never_warm(command):
     assert not warm.wanted("on", warm.python_target(command))
 
 
+def test_only_the_server_is_changed_by_its_preload_not_who_imports_trainpod():
+    # trainpod.warm_server's import makes its process leave its session and ignore SIGTERM: the CLI and the
+    # agent must never import it
+    check = ("import os, signal; sid = os.getsid(0); import trainpod.cli, trainpod.agent, trainpod.warm; "
+             "print(os.getsid(0) == sid, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
+    result = subprocess.run([sys.executable, "-c", check], env=ENV, capture_output=True, text=True, timeout=60,
+                            start_new_session=True)  # a session leader, as a container's first process is
+    assert result.stdout.split() == ["True", "True"], result.stderr
+
+
 # Starts the forkserver as the agent does, runs one warm rank of `kind name argv`, prints its exit code.
 DRIVER = textwrap.dedent("""
     import multiprocessing, sys
