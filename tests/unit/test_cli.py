@@ -203,9 +203,13 @@ def test_unresolvable_master_exits_69():
     assert "no-such-master.invalid" in line and "did not resolve" in line
 
 
-def test_run_single_node_command_with_prefixes_and_its_exit_code():
+def test_run_single_node_command_with_prefixes_and_its_exit_code(tmp_path):
     port = free_port()
-    code = "import os,sys; print('hello from', os.environ['RANK']); sys.exit(int(os.environ['RANK']) * 3)"
+    # Rank 1 fails only once rank 0 has printed: its failure stops rank 0, maybe before its line on a busy machine.
+    code = (f"import os,sys,time; rank = int(os.environ['RANK']); print('hello from', rank, flush=True); done = {str(tmp_path)!r} + '/0'\n"
+            "if rank == 0: open(done, 'w').close()\n"
+            "while rank == 1 and not os.path.exists(done): time.sleep(0.01)\n"
+            "sys.exit(rank * 3)")
     result = trainpod("run", "--no-supervise", "--nproc-per-node", "2", "--master-port", str(port), "--", sys.executable, "-c", code,
                       timeout=120)
     assert result.returncode == 3, result.stderr
