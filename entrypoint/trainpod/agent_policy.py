@@ -37,7 +37,8 @@ not the end of the job, so there is no stop key (JobControl runs only in fixed-s
   failure twice), the agent first re-rendezvouses once: fewer nodes -> a membership change, go on;
   the same nodes -> the failure was real, and the job ends with the budget's code and line.
 
-Every rank is started through trainpod.orphans (it dies with the agent), and reports its progress
+Every rank is started through trainpod.orphans (it dies with the agent), or forked from
+trainpod.warm's server (--warm-start: it dies with the server, which dies with the agent), and reports its progress
 to TRAINPOD_PROGRESS_DIR (set here when the launcher did not: the supervisor's directory, which
 outlives the agent, or a temporary one).
 
@@ -61,7 +62,7 @@ from pathlib import Path
 from trainpod import hangwatch, log, orphans, progress, restarts, warm
 from trainpod.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.errors import EXIT_UNAVAILABLE
-from trainpod.settings import REJOIN_TIMEOUT
+from trainpod.settings import REJOIN_TIMEOUT, WARM_START
 
 _current: AgentPolicy | None = None
 
@@ -153,7 +154,7 @@ class AgentPolicy:
         spec = self._worker_group.spec
         if isinstance(spec.entrypoint, str):  # a command (torchrun --run-path would give a function)
             target = warm.python_target([spec.entrypoint, *spec.args])
-            if warm.wanted(os.environ.get(warm.VAR, "off"), target):
+            if warm.wanted(os.environ.get(WARM_START.var, "off"), target):  # set by trainpod's launch plan
                 # Forked from a server that imports torch and the example now, during the rendezvous.
                 spec.entrypoint, spec.args = warm.run_rank, (target[0], target[1], *target[2])
                 self._start_method = warm.START_METHOD

@@ -1,12 +1,12 @@
 """Warm starts: each rank is a fork of one process per node that has imported torch already.
 
 A rank started the usual way (`python -u -m MODULE`) spends most of its start importing: on a
-2-core host, Python, torch and an example's modules take about 3 s of the 3.9 s from a rank's
-SIGKILL to the restarted group's next step (bench/recovery.py). With warm starts the agent asks
+2-core host, Python, torch and an example's modules took about 3 s of the 3.9 s from a rank's
+SIGKILL to the restarted group's next step. With warm starts the agent asks
 torch's launcher for function entrypoints started by Python's multiprocessing `forkserver`: one
 server process per node, started by the agent before its first rendezvous, imports torch and the
 example once (while the nodes meet), and every rank of every start and restart is a fork of it:
-1.26 s from a rank's SIGKILL to the next step here, 3.9 s before (bench/recovery.py).
+1.26 s from a rank's SIGKILL to the next step (bench/recovery.py).
 
 What the rank runs is unchanged: `run_rank` sets sys.argv and runs the module (or script) as
 `__main__` with runpy, as `python -m` does; its exit code, its lines (torch's tee and prefixes) and
@@ -44,7 +44,6 @@ from collections.abc import Sequence
 
 from trainpod import orphans
 
-VAR = "TRAINPOD_WARM_START"
 START_METHOD = "forkserver"  # torchrun's --start-method for function entrypoints
 EXAMPLES_PACKAGE = "trainpod.examples."
 # Imported by the server for every job: torch, what a DDP rank imports later on (torch.distributed.tensor
