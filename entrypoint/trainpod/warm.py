@@ -78,18 +78,21 @@ def python_target(command: Sequence[str]) -> tuple[str, str, tuple[str, ...]] | 
     return None
 
 
+def _bundled(target: tuple[str, str, tuple[str, ...]]) -> bool:
+    return target[0] == "-m" and target[1].startswith(EXAMPLES_PACKAGE)
+
+
 def wanted(mode: str, target: tuple[str, str, tuple[str, ...]] | None) -> bool:
     """Whether a rank that runs `target` starts warm under --warm-start `mode`."""
     if target is None or mode == "off":
         return False
-    return mode == "on" or (target[0] == "-m" and target[1].startswith(EXAMPLES_PACKAGE))
+    return mode == "on" or _bundled(target)
 
 
 def preload(target: tuple[str, str, tuple[str, ...]]) -> tuple[str, ...]:
     """What the server imports: a bundled example's module too (never a user's: its import would run
     without the rank's variables)."""
-    kind, name, _ = target
-    return PRELOAD + ((name,) if kind == "-m" and name.startswith(EXAMPLES_PACKAGE) else ())
+    return PRELOAD + ((target[1],) if _bundled(target) else ())
 
 
 def start_server(modules: Sequence[str]) -> None:

@@ -5,12 +5,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from fixtures.processes import alive
+from fixtures.processes import alive, gone_within
 from trainpod import orphans
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
@@ -38,10 +37,7 @@ def test_a_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent():
         assert Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]  # exec'd: its own command
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 5
-        while alive(child):
-            assert time.monotonic() < deadline, "the child outlived its parent"
-            time.sleep(0.05)
+        assert gone_within(child, 5), "the child outlived its parent"
     finally:
         if alive(child):
             os.kill(child, signal.SIGKILL)
