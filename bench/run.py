@@ -23,6 +23,8 @@
 10. Launch phases (bench/launch.py, on this host): a trivial 2-process job, `trainpod run` vs bare
    torchrun, alternating: when the agent starts, the workers start, rank 0 is ready, the group
    finishes, the launcher exits.
+11. The restart round (bench/restart_round.py, on this host): both ranks of a 2-node c10d job exit at once;
+   from their exit to the next attempt's ranks running, trainpod's agent vs torch's, alternating.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import examples  # bench/ is on the path: python3 bench/run.py
 import launchers
 from hangs import report as hangs_report
 from recovery import report as recovery_report
+from restart_round import bench as restart_round_bench
+from restart_round import report as restart_round_report
 
 import images
 
@@ -151,6 +155,7 @@ def main() -> int:
     print("\n" + bench_launch(), flush=True)
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
+    restart_round = restart_round_bench(5)
     elastic = bench_elastic()
     hangs = bench_hangs()
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
@@ -187,6 +192,7 @@ def main() -> int:
           f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)")
 
     print("\n" + recovery_report(recovery))
+    print("\n" + restart_round_report(restart_round))
     print("\n" + elastic)
     print("\n" + examples.report(example_figures))
     print("\n" + launchers.report(launchers.measure()))

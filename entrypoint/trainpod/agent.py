@@ -16,7 +16,9 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 `_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_rendezvous()` (then
 `_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`, `_start_method` (trainpod.warm),
 `_pcontext.stderrs`, the c10d rendezvous handler's `_store`, the etcd backend's module constant
-`CONST_WORKER_KEEPALIVE_TTL` (trainpod's --rdzv-conf keep_alive_ttl) and
+`CONST_WORKER_KEEPALIVE_TTL` (trainpod's --rdzv-conf keep_alive_ttl), the dynamic rendezvous's
+one-second poll (its `_delay` and its state holder's `_cache_duration`: trainpod.agent_policy polls
+faster) and
 `torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`. Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
@@ -24,6 +26,7 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -54,6 +57,17 @@ def torch_internals_missing() -> list[str]:
     if not isinstance(getattr(etcd_rendezvous, "CONST_WORKER_KEEPALIVE_TTL", None), int):
         missing.append("torch.distributed.elastic.rendezvous.etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL (--rdzv-conf "
                        "keep_alive_ttl)")
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    executor = getattr(dynamic_rendezvous, "_DistributedRendezvousOpExecutor", None)
+    if (executor is None or not callable(getattr(dynamic_rendezvous, "_delay", None))
+            or "_delay(seconds=1)" not in inspect.getsource(executor)):  # fmt: skip
+        missing.append("torch.distributed.elastic.rendezvous.dynamic_rendezvous._delay(seconds=1), the executor's "
+                       "poll while a node waits (trainpod.agent_policy polls faster)")
+    holder = getattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", None)
+    if holder is None or "self._cache_duration" not in inspect.getsource(holder):
+        missing.append("torch.distributed.elastic.rendezvous.dynamic_rendezvous._BackendRendezvousStateHolder"
+                       "._cache_duration (how long a read state is reused: trainpod.agent_policy polls faster)")
     if not callable(getattr(utils, "_matches_machine_hostname", None)):
         missing.append("torch.distributed.elastic.rendezvous.utils._matches_machine_hostname() (who hosts a c10d store)")
     try:
@@ -72,8 +86,6 @@ def torch_internals_missing() -> list[str]:
         missing.append("LocalElasticAgent._start_method (how function entrypoints start: trainpod.warm's forkserver)")
     if not hasattr(agent, "_pcontext"):
         missing.append("LocalElasticAgent._pcontext (its stderrs: the ranks' log files)")
-    import inspect
-
     from torch.distributed.elastic.multiprocessing.api import PContext
 
     if "self.stderrs" not in inspect.getsource(PContext.__init__):

@@ -47,8 +47,9 @@ policy as a failed one whose code is 124, already explained by the watch's line.
 
 torch's private API used here (checked by trainpod.agent.torch_internals_missing()):
 LocalElasticAgent._monitor_workers(), _invoke_run(), _shutdown(), _remaining_restarts,
-_worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs, and the c10d
-rendezvous handler's `_store`.
+_worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs, the c10d
+rendezvous handler's `_store`, and the dynamic rendezvous's `_delay` and `_state_holder._cache_duration`
+(_poll_rendezvous_faster()).
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ class AgentPolicy:
                 warm.start_server(warm.preload(target))
             else:
                 spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
+        _poll_rendezvous_faster(spec.rdzv_handler, self.nnodes)
         self.budget = restarts.budget_from_env(spec.max_restarts)
         self.rejoin_timeout = REJOIN_TIMEOUT.from_env(os.environ)[0]
         self.final: restarts.Decision | None = None
@@ -338,6 +340,38 @@ class AgentPolicy:
         except MasterLost:
             return True
         return True
+
+
+def rendezvous_poll_s(max_nodes: int) -> float:
+    """How often a node reads a c10d or etcd-v3 rendezvous's state (while it waits for the others, and
+    while its ranks train: torch's agent asks every monitor interval whether a node waits to join):
+    0.01 s per node, from 0.1 s to torch's 1 s, so a job's nodes read the store about 100 times a
+    second at most, whatever their number."""
+    return min(1.0, max(0.1, 0.01 * max_nodes))
+
+
+def _poll_rendezvous_faster(handler, max_nodes: int) -> None:
+    """torch's DynamicRendezvousHandler (c10d, trainpod's etcd-v3) reads the state at most once a second
+    while a node waits for the others: it sleeps a second between two reads (_DistributedRendezvousOpExecutor:
+    _Action.SYNC -> _delay(seconds=1)) and reuses a read state for a second (_BackendRendezvousStateHolder's
+    _cache_duration). Every restart of a multi-node job is such a round (each node leaves the last round,
+    then waits for the others to), so it took a second more than needed, and a node waiting to join
+    was seen up to a second late: here both become rendezvous_poll_s(). torch's other delay, the
+    first round's random skew of up to 0.3 s, stays."""
+    holder = getattr(handler, "_state_holder", None)
+    if not hasattr(holder, "_cache_duration"):
+        return  # torch's etcd backend (v2 API) has a rendezvous of its own
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    poll = rendezvous_poll_s(max_nodes)
+    holder._cache_duration = poll
+    torch_delay = getattr(dynamic_rendezvous._delay, "torch_delay", dynamic_rendezvous._delay)
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        torch_delay(poll if seconds == 1 else seconds)
+
+    delay.torch_delay = torch_delay  # type: ignore[attr-defined]
+    dynamic_rendezvous._delay = delay
 
 
 def _backend(handler) -> str:

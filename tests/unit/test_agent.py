@@ -1,5 +1,8 @@
 """The agent relies on torch's private API (see trainpod/agent.py): a torch upgrade that removes it fails here."""
 
+import time
+from argparse import Namespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -23,7 +26,6 @@ def test_the_installed_torch_is_one_the_agent_was_checked_with():
 
 
 def test_keep_alive_ttl_sets_torchs_etcd_backend_constant_and_a_bad_value_is_one_line(monkeypatch):
-    from argparse import Namespace
 
     from torch.distributed.elastic.rendezvous import etcd_rendezvous
 
@@ -38,3 +40,26 @@ def test_keep_alive_ttl_sets_torchs_etcd_backend_constant_and_a_bad_value_is_one
         line = agent._set_etcd_keep_alive_ttl(Namespace(rdzv_backend="etcd", rdzv_conf=f"keep_alive_ttl={bad}"))
         assert line == f"--rdzv-conf keep_alive_ttl={bad!r}: expected whole seconds from 2 to 3600"
     assert etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL == 4
+
+
+def test_a_waiting_node_polls_the_rendezvous_faster_than_torchs_second_and_torchs_other_delays_stay(monkeypatch):
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    from trainpod import agent_policy
+
+    assert [agent_policy.rendezvous_poll_s(n) for n in (1, 2, 10, 50, 100, 1000)] == [0.1, 0.1, 0.1, 0.5, 1.0, 1.0]
+    store = dist.HashStore()
+    handler = dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+        "poll", store, C10dRendezvousBackend(store, "poll"), 2, 4)
+    assert handler._state_holder._cache_duration == 1  # torch's
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)  # restored after the test
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)  # what torch's _delay sleeps
+    agent_policy._poll_rendezvous_faster(handler, 4)
+    agent_policy._poll_rendezvous_faster(handler, 4)  # a second agent in this process wraps torch's, not ours
+    assert handler._state_holder._cache_duration == 0.1
+    dynamic_rendezvous._delay(seconds=1)  # the executor's poll while a node waits
+    dynamic_rendezvous._delay(seconds=(0.2, 0.2))  # the first round's skew
+    assert slept == [0.1, 0.2]
