@@ -1,9 +1,11 @@
 """Elastic recovery (run by bench/run.py): from a lost node to the survivor's first step at the smaller world.
 
-On this host with a real etcd (Debian's etcd-server; started here on free ports) and real torchrun:
-two nodes with --nnodes 1:2 train the cifar10-ddp example (synthetic, 512 samples, 2 epochs,
+On this host with a real etcd (Debian's etcd-server; started here on free ports) or c10d, and real
+torchrun: two nodes with --nnodes 1:2 train the cifar10-ddp example (synthetic, 512 samples, 2 epochs,
 checkpoints every 2 steps in a shared directory); once rank 0 has printed a step at world 2 after
-a checkpoint could exist, every process of rank 0's node gets SIGKILL (a lost container or host).
+a checkpoint could exist, every process of a node gets SIGKILL (a lost container or host): rank 0's
+with etcd, with c10d the node that does not host the store (losing the store's host ends the job
+with 69 by design: tests/integration/test_elastic_host.py).
 Recovery is the time from the kill to the survivor's first completed step at world 1. Scale-up is
 the other way: one node trains at world 1 (a run long enough to outlast it), a second one starts, and the
 time from its start to the first step at world 2. Per backend, both:
@@ -12,7 +14,7 @@ time from its start to the first step at world 2. Per backend, both:
 - bare torchrun with the same rendezvous (`python -m trainpod.rendezvous.torchrun`, so etcd-v3 is known),
   with torch's defaults, and with the same --rdzv-conf as trainpod (what the settings alone do).
 
-    python3 bench/elastic.py [--rounds N] [--backends etcd-v3,etcd]
+    python3 bench/elastic.py [--rounds N] [--backends etcd-v3,etcd,c10d]
 
 Prints one `bench-elastic: {json}` line, then the tables (medians over the rounds).
 """
@@ -20,6 +22,7 @@ Prints one `bench-elastic: {json}` line, then the tables (medians over the round
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -30,10 +33,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "entrypoint")]
 
 from fixtures.elastic_host import clean_env, scale_down, scale_up, torchrun_argv, trainpod_argv  # noqa: E402
-from fixtures.etcd import EtcdProcess  # noqa: E402
+from fixtures.etcd import EtcdProcess, free_port  # noqa: E402
 from trainpod.resolve import ELASTIC_CONF, ETCD_V2_CONF  # noqa: E402
 
 TIMEOUT_S = 300
+
+
+VARIANTS = ("trainpod run", "bare torchrun", "bare torchrun, same conf")
 
 
 def variants(backend: str, endpoint: str):
@@ -46,25 +52,43 @@ def variants(backend: str, endpoint: str):
             argv[at:at] = ["--rdzv-conf", conf]
         return argv
 
-    return {
+    return {  # VARIANTS
         "trainpod run": lambda workdir: trainpod_argv(backend, endpoint, workdir),
         "bare torchrun": lambda workdir: bare(workdir, False),
         "bare torchrun, same conf": lambda workdir: bare(workdir, True),
     }
 
 
+def rendezvous(backend: str, tmp: Path):
+    """(a context that runs the rendezvous's server, a function that gives each job its endpoint and how
+    it picks the node to lose: None for rank 0's). etcd: one server for every job. c10d: a fresh port on
+    this host per job, hosted by whichever node's agent binds it first; the other node is lost."""
+    if backend != "c10d":
+        etcd = EtcdProcess(tmp / f"etcd-{backend}", enable_v2=backend == "etcd")
+        return etcd, lambda: (etcd.endpoint, None)
+
+    def endpoint():
+        port = free_port()
+        return f"127.0.0.1:{port}", lambda nodes: next(node for node in nodes if not node.listens_on(port))
+
+    return contextlib.nullcontext(), endpoint
+
+
 def measure(backends: list[str], rounds: int) -> dict:
     figures: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-elastic-") as tmp:
         for backend in backends:
-            with EtcdProcess(Path(tmp, f"etcd-{backend}"), enable_v2=backend == "etcd") as etcd:
+            server, job_endpoint = rendezvous(backend, Path(tmp))
+            with server:
                 runs: dict[str, list[float]] = {}
                 for round_ in range(rounds):
-                    for name, make in variants(backend, etcd.endpoint).items():  # alternating, round by round
+                    for name in VARIANTS:  # alternating, round by round
+                        endpoint, lose = job_endpoint()
+                        make = variants(backend, endpoint)[name]
                         workdir = Path(tmp, f"{backend}-{round_}-{name.replace(' ', '-').replace(',', '')}")
                         try:
                             result = scale_down(lambda make=make, workdir=workdir: make(workdir), clean_env(), workdir,
-                                                TIMEOUT_S)
+                                                TIMEOUT_S, lose=lose)
                         except AssertionError as error:  # never formed world 2: reported, not measured
                             print(f"bench-elastic: {backend} {name}: {str(error)[-3000:]}", file=sys.stderr)
                             result = {"survivor_code": None, "recovery_s": None, "survivor": None}
@@ -75,7 +99,7 @@ def measure(backends: list[str], rounds: int) -> dict:
                         runs.setdefault(name, []).append(result["recovery_s"] if ok else float("nan"))
                 figures[backend] = {name: statistics.median(values) for name, values in runs.items()}
                 figures[backend]["runs"] = runs
-                figures[backend]["scale_up"] = measure_scale_up(backend, etcd.endpoint, rounds, Path(tmp))
+                figures[backend]["scale_up"] = measure_scale_up(backend, job_endpoint, rounds, Path(tmp))
     return figures
 
 
@@ -88,15 +112,15 @@ LONGER = ["--epochs", "400"]  # outlasts the join (then both nodes are stopped);
 NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def measure_scale_up(backend: str, endpoint: str, rounds: int, tmp: Path) -> dict:
+def measure_scale_up(backend: str, job_endpoint, rounds: int, tmp: Path) -> dict:
     runs: dict[str, list[float]] = {}
-    every = variants(backend, endpoint)
     # torch's default 30 s last call would dominate the bare run with torch's defaults: the same conf compares.
-    cases = {"trainpod run": (every["trainpod run"], {}),
-             "bare torchrun, same conf": (every["bare torchrun, same conf"], {}),
-             "bare torchrun, same conf, no shared store": (every["bare torchrun, same conf"], NO_SHARED_STORE)}
+    cases = {"trainpod run": ("trainpod run", {}),
+             "bare torchrun, same conf": ("bare torchrun, same conf", {}),
+             "bare torchrun, same conf, no shared store": ("bare torchrun, same conf", NO_SHARED_STORE)}
     for round_ in range(rounds):
-        for name, (make, env) in cases.items():
+        for name, (variant, env) in cases.items():
+            make = variants(backend, job_endpoint()[0])[variant]
             workdir = tmp / f"up-{backend}-{round_}-{name.replace(' ', '-').replace(',', '')}"
             try:
                 result = scale_up(lambda make=make, workdir=workdir: make(workdir) + LONGER, clean_env(**env), workdir,
@@ -131,7 +155,7 @@ def report(figures: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--backends", default="etcd-v3,etcd")
+    parser.add_argument("--backends", default="etcd-v3,etcd,c10d")
     args = parser.parse_args()
     figures = measure([b for b in args.backends.split(",") if b], args.rounds)
     print("bench-elastic: " + json.dumps(figures))
