@@ -5,11 +5,12 @@ its project with a rendezvous id of its own. Every trainer runs cifar10-ddp, one
 rank 0 logging every step; a node is lost with `docker kill` (SIGKILL of the container: no signal
 reaches trainpod).
 
-- etcd-v3, with the elastic example (imagenet-elastic): the node holding rank 0 is lost mid-epoch;
-  the other two meet at world 2 and finish with 0 from the shared checkpoint; their metrics say
-  world 2, the membership timeline [3, 2], and the ledger: both epochs trained exactly once.
+- etcd-v3, with the elastic example (imagenet-elastic): the node holding rank 0 is lost mid-epoch,
+  and (a second run) another one; the other two meet at world 2 and finish with 0 from the shared
+  checkpoint; their metrics say world 2, the membership timeline [3, 2], and the ledger: both epochs
+  trained exactly once.
 - torch's `etcd` backend (a second etcd cluster, with v2; one endpoint, all that backend takes):
-  another node than rank 0's is lost; the other two finish.
+  rank 0's node is lost, and (a second run) another one; the other two finish.
 - c10d: the node that hosts the store (trainer0, the endpoint) is lost; the others, which cannot
   host it, wait --rejoin-timeout for it and end with 69 and one line each.
 - A 4th node started mid-run joins at the next rendezvous: world 4, its rank lines appear, it
@@ -234,16 +235,22 @@ def check_exactly_once(metrics: dict, epochs: list[int], worlds: list[int]) -> N
     assert [world for _, world, _ in metrics["membership"]] == worlds, metrics["membership"]
 
 
-def test_etcd_v3_losing_rank_0s_node_leaves_two_nodes_that_finish(job_factory):
+# Which node is lost: rank 0's (its holder: the next round must give rank 0 to a survivor) or another one.
+LOSE = {"rank 0's": lambda holder: holder,
+        "another": lambda holder: random.choice([t for t in TRAINERS if t != holder])}
+
+
+@pytest.mark.parametrize("lost", LOSE)
+def test_etcd_v3_losing_a_node_leaves_two_nodes_that_finish(job_factory, lost):
     job = job_factory("down-v3", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_ARGS)
-    result = scale_down(job, lose=lambda holder: holder)
+    result = scale_down(job, lose=LOSE[lost])
     metrics = check_scaled_down(job, result)
     check_exactly_once(metrics, [1, 2], [3, 2])
-    print(f"\netcd-v3: {result['victim']} (rank 0) killed -> world 2 formed after {result['formed_s']:.1f} s, "
+    print(f"\netcd-v3: {result['victim']} ({lost} node) killed -> world 2 formed after {result['formed_s']:.1f} s, "
           f"first step at world 2 after {result['recovery_s']:.1f} s")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster_v2(docker_ready):
     """Another etcd cluster, with the v2 API that torch's `etcd` rendezvous needs."""
     cluster = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": PREFIX_V2, "TRAINPOD_ETCD_ENABLE_V2": "true"})
@@ -255,13 +262,14 @@ def cluster_v2(docker_ready):
         cluster.down()
 
 
-def test_torchs_etcd_backend_losing_another_node_leaves_two_that_finish(job_factory, cluster_v2):
+@pytest.mark.parametrize("lost", LOSE)
+def test_torchs_etcd_backend_losing_a_node_leaves_two_that_finish(job_factory, cluster_v2, lost):
     # torch's etcd backend takes one endpoint (a list is a ValueError in its handler): etcd0 alone.
     job = job_factory("down-v2", on=cluster_v2, TRAINPOD_RDZV_BACKEND="etcd", TRAINPOD_RDZV_ENDPOINT="etcd0:2379")
-    result = scale_down(job, lose=lambda holder: random.choice([t for t in TRAINERS if t != holder]))
+    result = scale_down(job, lose=LOSE[lost])
     check_scaled_down(job, result)
     assert "etcd rendezvous" in job.text(result["holder"])
-    print(f"\netcd (v2): {result['victim']} (not rank 0) killed -> world 2 formed after {result['formed_s']:.1f} s, "
+    print(f"\netcd (v2): {result['victim']} ({lost} node) killed -> world 2 formed after {result['formed_s']:.1f} s, "
           f"first step at world 2 after {result['recovery_s']:.1f} s")
 
 
