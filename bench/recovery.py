@@ -1,7 +1,9 @@
 """Recovery time after SIGKILL of one rank, trainpod run vs bare torchrun --max-restarts (run by bench/run.py).
 
-Both variants run the same CIFAR-10 example job (2 processes, synthetic data, checkpoints) on
-this host, no Docker: `trainpod run` with its default supervision and restart backoff, and bare
+The three variants run the same CIFAR-10 example job (2 processes, synthetic data, checkpoints) on
+this host, no Docker: `trainpod run` with its default supervision and restart backoff (the agent
+restarts the worker group), `trainpod run --recovery in-process` (the survivor keeps its process and
+re-forms the group with a replacement forked by the dead rank's keeper: trainpod.keeper), and bare
 `torchrun --max-restarts 3`, which restarts its workers inside its own agent. Once a chosen
 checkpoint is on disk, one rank (a seeded choice, the same for both variants in a round) gets
 SIGKILL; recovery is the time from the kill to the first progress line of a step after the
@@ -54,6 +56,7 @@ SAMPLE_S = 0.02  # process tree sampling period during recovery
 
 STEP_LINE = re.compile(r"epoch \d+/\d+ step (\d+)/\d+")
 RESUMED = re.compile(r"resumed from the checkpoint of step (\d+)")
+REFORMED = "the group re-formed in-process"  # a survivor's line (trainpod.examples.harness)
 
 
 def _create_time_offset() -> float:
@@ -82,14 +85,16 @@ def free_port() -> int:
 
 def command(variant: str, port: int, out: Path) -> list[str]:
     job = [*ARGS, "--output-dir", str(out / "output"), "--checkpoint-dir", str(out / "ckpt")]
-    if variant == "trainpod":  # supervised, default --restart-backoff
+    if variant in ("trainpod", "in-process"):  # supervised, default --restart-backoff
         return [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", str(NPROC), "--master-port", str(port),
-                "--max-restarts", str(MAX_RESTARTS), "--example", "cifar10-ddp", "--", *job]
+                "--max-restarts", str(MAX_RESTARTS), "--recovery", "in-process" if variant == "in-process" else "restart",
+                "--example", "cifar10-ddp", "--", *job]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(NPROC), "--master-port", str(port),
             "--max-restarts", str(MAX_RESTARTS), "-m", "trainpod.examples.cifar10", *job]
 
 
-EXTRA_ENV: dict[str, str] = {}  # --env, for both variants alike
+VARIANTS = ("trainpod", "in-process", "torchrun")
+EXTRA_ENV: dict[str, str] = {}  # --env, for every variant alike
 
 
 def environment() -> dict[str, str]:
@@ -109,7 +114,8 @@ def kind_of(process: psutil.Process) -> str | None:
             return f"worker rank {process.environ().get('RANK')}"
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    for marker, kind in (("trainpod.agent", "agent"), ("torch.distributed.run", "agent"), ("supervisor.supervisord", "supervisord"),
+    for marker, kind in (("trainpod-keeper", "keeper"),
+                         ("trainpod.agent", "agent"), ("torch.distributed.run", "agent"), ("supervisor.supervisord", "supervisord"),
                          ("trainpod.supervise", "policy"), ("-m trainpod run", "trainpod run")):
         if marker in cmdline:
             return kind
@@ -226,13 +232,15 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
         ranks[victim_rank].send_signal(signal.SIGKILL)
         t_kill = time.monotonic()
 
-        resumed_at = first_step_at = None
+        resumed_at = first_step_at = reformed_at = None
         resumed_step = first_step = None
         give_up = t_kill + RECOVERY_TIMEOUT_S
         while first_step_at is None and time.monotonic() < give_up and job.process.poll() is None:
             for at, line in list(job.lines):
                 if at < t_kill:
                     continue
+                if reformed_at is None and REFORMED in line:
+                    reformed_at = at
                 if resumed_at is None and (m := RESUMED.search(line)):
                     resumed_at, resumed_step = at, int(m.group(1))
                 elif resumed_at is not None and at >= resumed_at and (m := STEP_LINE.search(line)):
@@ -272,7 +280,9 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
             "recovery_s": first_step_at - t_kill,
             "to_workers_s": (max(starts) - t_kill) if starts else None,
             "to_resumed_s": resumed_at - t_kill,
-            "group_starts": len(starts) // NPROC,  # > 1: a restarted worker group failed and was restarted again
+            **({"to_reformed_s": reformed_at - t_kill} if reformed_at is not None else {}),
+            # > 1: a restarted worker group failed and was restarted again (in-process: 1 is the replacement)
+            "group_starts": -(-len(starts) // NPROC),
             "checksum": metrics["checksum"], "rank_checksums_agree": len(set(metrics["rank_checksums"])) == 1,
             "timeline": timeline,
         }
@@ -284,7 +294,7 @@ def bench(rounds: int) -> dict:
     global CREATE_TO_MONO
     CREATE_TO_MONO = _create_time_offset()
     rng = random.Random(SEED)
-    variants = ("trainpod", "torchrun")
+    variants = VARIANTS
     runs: dict[str, list[dict]] = {variant: [] for variant in variants}
     for round_ in range(rounds):
         after_step, victim = rng.choice(KILL_AFTER), rng.randrange(NPROC)
@@ -295,7 +305,7 @@ def bench(rounds: int) -> dict:
             outcome = result["failure"] or (
                 f"resumed from {result['resumed_step']}, next step {result['first_step']} {result['recovery_s']:.2f} s "
                 f"after the kill" + (f" ({result['group_starts']} worker group starts)" if result["group_starts"] > 1 else ""))
-            print(f"  round {round_ + 1} {variant:<8} kill rank {victim} after checkpoint {after_step}: {outcome}",
+            print(f"  round {round_ + 1} {variant:<10} kill rank {victim} after checkpoint {after_step}: {outcome}",
                   file=sys.stderr, flush=True)
     ok = {variant: [r for r in results if not r["failure"]] for variant, results in runs.items()}
     checksums = {r["checksum"] for results in ok.values() for r in results}
@@ -311,6 +321,8 @@ def bench(rounds: int) -> dict:
             "recovery_s": median(r["recovery_s"] for r in results),
             "to_workers_s": median(r["to_workers_s"] for r in results if r["to_workers_s"] is not None),
             "to_resumed_s": median(r["to_resumed_s"] for r in results),
+            **({"to_reformed_s": median(r["to_reformed_s"] for r in results if "to_reformed_s" in r)}
+               if any("to_reformed_s" in r for r in results) else {}),
             "runs_s": [r["recovery_s"] for r in results],
             # The runs whose first restarted worker group came up: the restart path itself, without
             # the failed attempts (torch's own restart bugs, timing dependent) mixed in.
@@ -319,11 +331,15 @@ def bench(rounds: int) -> dict:
             "group_starts": [r["group_starts"] for r in results],
             "median_timeline": by_recovery[len(by_recovery) // 2]["timeline"],
         })
-    both = all("recovery_s" in summary[variant] for variant in variants)
+    def ratio(variant: str) -> float | None:
+        both = all("recovery_s" in summary[v] for v in (variant, "torchrun"))
+        return summary[variant]["recovery_s"] / summary["torchrun"]["recovery_s"] if both else None
+
     return {
         "rounds": rounds,
-        "trainpod": summary["trainpod"], "torchrun": summary["torchrun"],
-        "ratio": summary["trainpod"]["recovery_s"] / summary["torchrun"]["recovery_s"] if both else None,
+        **{variant: summary[variant] for variant in variants},
+        "ratio": ratio("trainpod"),
+        "in_process_ratio": ratio("in-process"),
         "checksums_identical": len(checksums) == 1,
         "ranks_agree": all(r["rank_checksums_agree"] for results in ok.values() for r in results),
         "checksum": sorted(checksums)[0] if len(checksums) == 1 else sorted(checksums),
@@ -331,25 +347,30 @@ def bench(rounds: int) -> dict:
 
 
 def report(result: dict) -> str:
-    t, b = result["trainpod"], result["torchrun"]
+    t, i, b = result["trainpod"], result["in-process"], result["torchrun"]
     lines = [
         f"recovery from SIGKILL of one rank to the next completed step (this host, {NPROC} processes, CIFAR-10 example, "
         f"median of {result['rounds']} alternating runs)",
-        f"  {'':30}{'trainpod run':>14}{'bare torchrun':>15}{'ratio':>8}",
+        f"  {'':30}{'trainpod run':>14}{'in-process':>12}{'bare torchrun':>15}{'ratios':>16}",
     ]
 
     def cell(summary: dict, key: str, width: int) -> str:
         return f"{summary[key]:>{width}.2f}" if key in summary else f"{'-':>{width}}"
 
-    for key, label in (("to_workers_s", "kill to new workers (s)"), ("to_resumed_s", "kill to resumed (s)"),
-                       ("recovery_s", "kill to next step (s)"),
+    def ratio(summary: dict, key: str) -> str:
+        return f"{summary[key] / b[key]:.3f}" if key in summary and key in b else "-"
+
+    for key, label in (("to_workers_s", "kill to new workers (s)"), ("to_reformed_s", "kill to group re-formed (s)"),
+                       ("to_resumed_s", "kill to resumed (s)"), ("recovery_s", "kill to next step (s)"),
                        ("first_group_recovery_s", "  the same, first restart held")):
-        ratio = f"{t[key] / b[key]:>8.3f}" if key in t and key in b else f"{'-':>8}"
-        lines.append(f"  {label:30}{cell(t, key, 14)}{cell(b, key, 15)}{ratio}")
+        ratios = f"{ratio(t, key)} / {ratio(i, key)}"
+        lines.append(f"  {label:30}{cell(t, key, 14)}{cell(i, key, 12)}{cell(b, key, 15)}{ratios:>16}")
     if result["ratio"] is not None:
-        lines.append(f"  recovery ratio {result['ratio']:.3f} (goal <= 1.2); runs: trainpod "
-                     f"{', '.join(f'{s:.2f}' for s in t['runs_s'])} s, torchrun {', '.join(f'{s:.2f}' for s in b['runs_s'])} s")
-    for variant in ("trainpod", "torchrun"):
+        lines.append(f"  recovery ratio {result['ratio']:.3f} (goal <= 1.2), in-process "
+                     + (f"{result['in_process_ratio']:.3f}" if result["in_process_ratio"] is not None else "-")
+                     + " (goal: 1.5 s or less); runs: "
+                     + "; ".join(f"{v} {', '.join(f'{x:.2f}' for x in result[v].get('runs_s', []))} s" for v in VARIANTS))
+    for variant in VARIANTS:
         summary = result[variant]
         if summary["failed"]:
             lines.append(f"  {variant}: {summary['failed']} of {summary['runs']} recoveries FAILED: {'; '.join(summary['failures'])}")
@@ -357,14 +378,14 @@ def report(result: dict) -> str:
             lines.append(f"  {variant}: worker group starts until the resume, per run: {summary['group_starts']} "
                          "(more than 1: a restarted group failed too)")
     same = "identical" if result["checksums_identical"] and result["ranks_agree"] else "DIFFERENT"
-    exited = "every recovered job exited 0" if t["failed"] or b["failed"] else "every job exited 0"
+    exited = "every recovered job exited 0" if any(result[v]["failed"] for v in VARIANTS) else "every job exited 0"
     lines.append(f"  {exited}; final checksums {same} across them: {str(result['checksum'])[:16]}...")
     return "\n".join(lines)
 
 
 def timelines(result: dict) -> str:
     lines = []
-    for variant in ("trainpod", "torchrun"):
+    for variant in VARIANTS:
         if "median_timeline" not in result[variant]:
             continue
         lines.append(f"\n{variant}: the median run, seconds after the kill (* process tree, | output line)")

@@ -8,7 +8,8 @@
 3. Checkpoints (bench/checkpoint.py, on this host): save()+wait() vs writing the same bytes raw,
    and the training loop's stall per checkpoint vs a synchronous save.
 4. Recovery (bench/recovery.py, on this host): from SIGKILL of one rank to the next completed step,
-   `trainpod run` vs bare `torchrun --max-restarts 3` on the same job; alternating runs, medians.
+   `trainpod run` (restart, and --recovery in-process) vs bare `torchrun --max-restarts 3` on the same
+   job; alternating runs, medians.
 5. The examples (bench/examples.py, in the compose nodes): samples/s of each, DDP scaling from 1
    to 2 processes and from 1 to 2 nodes, and JPEG decoding vs the synthetic input.
 6. Launchers (bench/launchers.py): from `trainpod job slurm|ssh ... --submit` to the job's first step

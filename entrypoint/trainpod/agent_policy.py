@@ -60,7 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainpod import hangwatch, log, orphans, progress, restarts, warm
+from trainpod import hangwatch, keeper, log, orphans, progress, restarts, warm
 from trainpod.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.errors import EXIT_UNAVAILABLE
 from trainpod.settings import REJOIN_TIMEOUT, WARM_START
@@ -158,6 +158,7 @@ class AgentPolicy:
             if warm.wanted(os.environ.get(WARM_START.var, "off"), target):  # set by trainpod's launch plan
                 # Forked from a server that imports torch and the example now, during the rendezvous.
                 spec.entrypoint, spec.args = warm.run_rank, (target[0], target[1], *target[2])
+                os.environ[keeper.MAX_VAR] = str(spec.max_restarts)  # in-process replacements per rank (trainpod.keeper)
                 self._start_method = warm.START_METHOD
                 warm.start_server(warm.preload(target))
             else:

@@ -57,7 +57,7 @@ EXAMPLE = Setting("example", f"a bundled example: {', '.join(EXAMPLES)}; flags a
 JSON = Setting("json", "print JSON instead of a table", Switch(), default=False)
 RESOLVE = Setting("resolve", "also resolve the master's DNS name to pick the interface", Switch(), default=False)
 # Shape the command `run` would exec, so `explain` takes them too and shows that command exactly.
-RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, settings.WARM_START)
+RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, settings.WARM_START, settings.RECOVERY)
 
 
 def _job_flags(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +159,13 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
         origin = values.origins["warm_start"]
         raise error_for(origin)(f"{origin}=on: expected a command that this Python ({sys.executable}) runs as "
                                 f"`python SCRIPT ...` or `python -m MODULE ...`, got {target.command[0]!r}; use auto or off")
+    if values.recovery == settings.IN_PROCESS and target is not None:
+        runs = target.command or (sys.executable, "-u", "-m", target.module or "")
+        if not warm.wanted(values.warm_start, warm.python_target(list(runs))):
+            origin = values.origins["recovery"]
+            raise error_for(origin)(f"{origin}=in-process: a keeper forks the ranks, so they must start warm: expected "
+                                    "--warm-start on (or auto for a bundled example) and a `python SCRIPT` or "
+                                    f"`python -m MODULE` command, got --warm-start {values.warm_start}")
     if topology.max_restarts is not None and values.origins["max_restarts"] == "default":
         values.max_restarts, values.origins["max_restarts"] = topology.max_restarts, topology.origins["max_restarts"]
     rdzv = topology.rdzv
@@ -210,7 +217,7 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
         plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=values.max_restarts,
                           term_grace=values.term_grace, join_timeout=values.connect_timeout,
                           progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
-                          hang_timeout=values.hang_timeout, warm_start=values.warm_start)
+                          hang_timeout=values.hang_timeout, warm_start=values.warm_start, recovery=values.recovery)
     if explain.json:
         data = topology.to_dict()
         if plan:
@@ -232,7 +239,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     spec = job.JobSpec(topology=topology, target=target, connect_timeout=values.connect_timeout,
                        term_grace=values.term_grace, max_restarts=values.max_restarts,
                        progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
-                       hang_timeout=values.hang_timeout, warm_start=values.warm_start)
+                       hang_timeout=values.hang_timeout, warm_start=values.warm_start, recovery=values.recovery)
     if values.no_supervise:
         job.run(spec)  # does not return: this process becomes torchrun's agent
     if importlib.util.find_spec("supervisor") is None:

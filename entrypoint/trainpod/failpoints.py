@@ -9,7 +9,9 @@ file there, created before the kill), so the restarted job runs on past it. Off 
 variable is set.
 
 Points: `checkpoint-write@STEP`: the temporary file of step STEP's checkpoint holds its bytes,
-not yet fsynced, renamed or listed in a manifest.
+not yet fsynced, renamed or listed in a manifest. `replacement@GENERATION`: the rank that a keeper
+forks for an in-process recovery's generation GENERATION (trainpod.keeper) exits 1 at once, as a
+replacement that cannot start would: not a SIGKILL, and no marker (a keeper forks it once).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from trainpod.errors import ConfigError
 
 VARIABLE = "TRAINPOD_FAILPOINTS"
-POINTS = ("checkpoint-write",)
+POINTS = ("checkpoint-write", "replacement")
 
 
 def armed(environ=os.environ) -> dict[str, set[int]]:
@@ -49,3 +51,11 @@ def hit(point: str, step: int, marker_dir: Path) -> None:
         return
     print(f"trainpod: failpoint {point}@{step}: SIGKILL of pid {os.getpid()}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def replacement_fails(generation: int) -> bool:
+    """Whether `replacement@GENERATION` is armed for this generation (trainpod.keeper then exits the rank with 1)."""
+    if generation not in armed().get("replacement", ()):
+        return False
+    print(f"trainpod: failpoint replacement@{generation}: the replacement exits 1", file=sys.stderr, flush=True)
+    return True

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from trainpod import log, progress, stacks
+from trainpod import keeper, log, progress, stacks
 from trainpod.hang import BUSY, EXIT_HANG, FLIGHT_RECORDER, PIPE_STEM, RankView, Sample, Tracker, Verdict, decide, describe, output_dir
 from trainpod.settings import HANG_TIMEOUT
 
@@ -216,7 +216,7 @@ class Watch:
             return []
 
         def one(worker: Worker) -> stacks.Stack:
-            stack = stacks.pyspy(worker.pid, self.pyspy)
+            stack = stacks.pyspy(keeper.rank_pid(worker.pid), self.pyspy)  # the rank, not its keeper
             if stack.threads or not (stack.refused or not self.pyspy):
                 return stack
             own = stacks.own_dump(self.progress_dir, worker.local_rank,

@@ -24,7 +24,7 @@ from trainpod.errors import EXIT_USAGE, TrainpodError
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
 from trainpod.restarts import Budget
-from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, REJOIN_TIMEOUT, WARM_START
+from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, RECOVERY, REJOIN_TIMEOUT, WARM_START
 from trainpod.supervise import BUDGET_DIR, supervisor_pid
 from trainpod.topology import Topology
 
@@ -44,6 +44,7 @@ class JobSpec:
     rejoin_timeout: float = REJOIN_TIMEOUT.default
     hang_timeout: float = HANG_TIMEOUT.default
     warm_start: str = WARM_START.default
+    recovery: str = RECOVERY.default
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -63,6 +64,7 @@ class JobSpec:
             rejoin_timeout=data.get("rejoin_timeout", REJOIN_TIMEOUT.default),
             hang_timeout=data.get("hang_timeout", HANG_TIMEOUT.default),
             warm_start=data.get("warm_start", WARM_START.default),
+            recovery=data.get("recovery", RECOVERY.default),
         )
 
 
@@ -94,7 +96,8 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     plan = build_plan(topology, spec.target, env, cpus=available_cpus(), max_restarts=spec.max_restarts,
                       term_grace=spec.term_grace, join_timeout=spec.connect_timeout,
                       progress_window=spec.progress_window, rejoin_timeout=spec.rejoin_timeout,
-                      hang_timeout=spec.hang_timeout, warm_start=spec.warm_start)
+                      hang_timeout=spec.hang_timeout, warm_start=spec.warm_start,
+                      recovery=spec.recovery)
     rdzv = topology.rdzv
     where = (f"node {topology.node_rank} of {topology.nnodes}" if topology.node_rank is not None
              else f"{rdzv.nnodes} nodes, this one's rank from the rendezvous")

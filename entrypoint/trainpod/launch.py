@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from trainpod import hang, log
 from trainpod.errors import UsageError
 from trainpod.examples import EXAMPLES
-from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE, WARM_START
+from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, RECOVERY, REJOIN_TIMEOUT, TERM_GRACE, WARM_START
 from trainpod.topology import Topology
 
 SHUTDOWN_MARGIN_S = 5
@@ -112,13 +112,15 @@ def build_plan(
     rejoin_timeout: float = REJOIN_TIMEOUT.default,
     hang_timeout: float = HANG_TIMEOUT.default,
     warm_start: str = WARM_START.default,
+    recovery: str = RECOVERY.default,
 ) -> LaunchPlan:
     """`max_restarts`: the restart budget (restarts without progress: trainpod.restarts, which the
     agent applies); `term_grace`: seconds the ranks get after SIGTERM to finish the step and
     checkpoint; `join_timeout`: how long the rendezvous waits for every node (a restarted node
     included); `progress_window`, `rejoin_timeout`: for the agent (trainpod.agent_policy);
     `hang_timeout`: for the agent's hang watch (trainpod.hang; 0: off); `warm_start`: whether the agent
-    forks the ranks from a process that imported torch (trainpod.warm)."""
+    forks the ranks from a process that imported torch (trainpod.warm); `recovery`: whether a killed rank
+    is replaced in-process (trainpod.keeper)."""
     # A dynamic rendezvous (c10d, etcd, etcd-v3), never static: after a failure every agent re-joins a
     # new round, so a restarted worker group (or a restarted node) meets the others in a fresh store
     # namespace, and an elastic job's nodes leave and join there. etcd-v3 is trainpod's own backend:
@@ -148,6 +150,7 @@ def build_plan(
         PROGRESS_WINDOW.var: f"{progress_window:g}",  # read by the agent's restart budget
         REJOIN_TIMEOUT.var: f"{rejoin_timeout:g}",  # read by the agent: how long a lost master may take
         WARM_START.var: warm_start,  # read by the agent: function entrypoints forked from a preloaded server
+        RECOVERY.var: recovery,  # read by the warm ranks: each runs under a keeper (trainpod.keeper)
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": log.rank_tag_template(topology.node_label),
         "NO_PROXY": _no_proxy(env, topology.master_addr, _hosts(rdzv.endpoint)),
     }

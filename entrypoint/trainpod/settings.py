@@ -439,3 +439,11 @@ WARM_START = Setting(
     "(and the example) once: auto for the bundled examples, on also for a `python SCRIPT` or `python -m MODULE` "
     "command run by this Python, off for neither (trainpod.warm)", Choice(("auto", "on", "off")),
     var="TRAINPOD_WARM_START", default="auto")
+
+IN_PROCESS = "in-process"
+RECOVERY = Setting(
+    "recovery", "what a rank killed by a signal costs: restart (the agent restarts the whole worker group from the "
+    "checkpoint) or in-process (the other ranks keep their processes and re-form the group with a replacement forked "
+    "at once, restoring the checkpoint from memory; needs a warm start and a script that uses trainpod.inprocess, as "
+    "the bundled examples do; trainpod.keeper)", Choice(("restart", IN_PROCESS)), var="TRAINPOD_RECOVERY",
+    default="restart")

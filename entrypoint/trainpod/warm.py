@@ -43,6 +43,7 @@ import traceback
 from collections.abc import Sequence
 
 from trainpod import orphans
+from trainpod.settings import IN_PROCESS, RECOVERY
 
 START_METHOD = "forkserver"  # torchrun's --start-method for function entrypoints
 EXAMPLES_PACKAGE = "trainpod.examples."
@@ -138,11 +139,24 @@ def run_rank(kind: str, name: str, *argv: str) -> None:
     """A rank's entrypoint in the forked process: run `name` as `python -u` would, then exit as it would.
 
     torch's launcher waits for a return value from every rank, so a normal end (exit code 0 or None)
-    returns; another exit code leaves as SystemExit, which multiprocessing turns into the exit code."""
+    returns; another exit code leaves as SystemExit, which multiprocessing turns into the exit code.
+    With --recovery in-process this process is the rank's keeper, and the rank its child (trainpod.keeper)."""
     orphans.die_with_parent(orphans.RANK_SIGNAL)  # with the server, which dies with the agent (trainpod.warm_server)
+    command = [sys.executable, "-u", *(("-m",) if kind == "-m" else ()), name, *argv]
+    rank = os.environ.get("RANK", "")
+    if os.environ.get(RECOVERY.var) == IN_PROCESS:
+        from trainpod import keeper
+
+        keeper.keep(lambda: _run(kind, name, argv, rank, command), int(rank or 0),
+                    lambda title: name_process(title, ["trainpod-keeper", f"RANK={rank}", *command]))
+        return
+    _run(kind, name, argv, rank, command)
+
+
+def _run(kind: str, name: str, argv: Sequence[str], rank: str, command: list[str]) -> None:
     for sig in STOP_SIGNALS:  # the server ignores them; a new interpreter would not
         signal.signal(sig, signal.SIG_DFL)
-    name_process(f"rank{os.environ.get('RANK', '')}", [sys.executable, "-u", *(("-m",) if kind == "-m" else ()), name, *argv])
+    name_process(f"rank{rank}", command)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # -u: every line reaches torch's tee at once
     os.environ["PYTHONUNBUFFERED"] = "1"  # and the rank's own child processes

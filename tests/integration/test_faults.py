@@ -121,13 +121,46 @@ def find_rank_pid(job: ComposeJob, rank: int) -> tuple[str, str]:
     raise AssertionError(f"no process with RANK={rank} on {NODES}")
 
 
-def kill_rank(job: ComposeJob, rank: int) -> tuple[float, float]:
-    """SIGKILL global rank `rank`; returns the monotonic clock just before and just after `docker exec kill`
-    (the rank dies in between: the process lookup is done before, so neither bound includes it)."""
-    container, pid = find_rank_pid(job, rank)
-    before = time.monotonic()
-    run("docker", "exec", container, "kill", "-9", pid)
-    return before, time.monotonic()
+def rank_pids(job: ComposeJob) -> dict[int, tuple[str, str]]:
+    """Global rank -> (container, pid) of every warm rank (named rank<R>), one `docker exec` per node."""
+    found = {}
+    for node in NODES:
+        container = job.compose("ps", "-q", node).stdout.strip()
+        listing = run("docker", "exec", container, "sh", "-c", "for p in /proc/[0-9]*; do c=$(cat $p/comm 2>/dev/null); "
+                      "case $c in rank[0-9]*) echo ${c#rank} ${p#/proc/};; esac; done; true").stdout
+        found.update({int(rank): (container, pid) for rank, pid in (line.split() for line in listing.splitlines())})
+    return found
+
+
+def kill_ranks(job: ComposeJob, kills, pids_each_time: bool = False) -> tuple[list, list]:
+    """For each (step, rank) of `kills`: once rank 0 reports `step` after the previous recovery, SIGKILL global
+    rank `rank` and wait for rank 0's first step after its resume. Returns each recovery's bounds (from the
+    end and from the start of `docker exec kill`: the process lookup is done before, so neither includes
+    it) and, with `pids_each_time`, (rank, every rank's pid before, after) for each kill."""
+    follower = Follower(job)
+    recoveries, pids = [], []
+    try:
+        for done, (step, rank) in enumerate(kills):
+            follower.wait_for_step(step, resumes=done)
+            before_pids = rank_pids(job) if pids_each_time else None
+            container, pid = before_pids[rank] if before_pids else find_rank_pid(job, rank)
+            before = time.monotonic()
+            run("docker", "exec", container, "kill", "-9", pid)
+            after = time.monotonic()
+            step = follower.step_after_resume(done + 1)
+            recoveries.append((step - after, step - before))
+            if pids_each_time:
+                pids.append((rank, before_pids, rank_pids(job)))
+    finally:
+        follower.close()
+    return recoveries, pids
+
+
+def say_recoveries(what: str, recoveries: list) -> None:
+    """Reported, not asserted (the machine is shared): `docker exec kill -9` to rank 0's next step line as
+    `compose logs -f` delivers it (issue 15: 1.5 s or less)."""
+    print(f"\ncompose 2-node job, {what}SIGKILL of a rank to rank 0's next step: "
+          + ", ".join(f"{low:.2f}-{high:.2f} s" for low, high in recoveries) + " (from the end and the start of `docker exec kill`)")
 
 
 def in_volume(job: ComposeJob, script: str) -> str:
@@ -140,21 +173,9 @@ def test_sigkill_of_random_ranks_at_three_steps_one_mid_checkpoint_write(job, re
     kills = [(step, rng.randrange(4)) for step in sorted(rng.sample(range(5, 19), 2))]
     job.env["TRAINPOD_FAILPOINTS"] = "checkpoint-write@24"  # rank 0, between the bytes and the rename
     job.up()
-    follower = Follower(job)
-    recoveries = []
-    try:
-        for done, (step, rank) in enumerate(kills):
-            follower.wait_for_step(step, resumes=done)
-            before, after = kill_rank(job, rank)
-            step = follower.step_after_resume(done + 1)
-            recoveries.append((step - after, step - before))
-    finally:
-        follower.close()
+    recoveries, _ = kill_ranks(job, kills)
     metrics = finish(job)
-    # Reported, not asserted (the machine is shared): `docker exec kill -9` to rank 0's next step line as
-    # `compose logs -f` delivers it (issue 15: 1.5 s or less with warm starts)
-    print("\ncompose 2-node job, SIGKILL of a rank to rank 0's next step: "
-          + ", ".join(f"{low:.2f}-{high:.2f} s" for low, high in recoveries) + " (from the end and the start of `docker exec kill`)")
+    say_recoveries("", recoveries)
 
     log = job.logs("node0") + job.logs("node1")
     assert log.count("was killed by SIGKILL") >= 3, log[-4000:]
@@ -164,6 +185,22 @@ def test_sigkill_of_random_ranks_at_three_steps_one_mid_checkpoint_write(job, re
     assert metrics["checksum"] == reference
     leftovers = in_volume(job, f"import os; print([n for n in os.listdir('{CHECKPOINTS}') if n.endswith('.tmp')])")
     assert leftovers.strip() == "[]"
+
+
+def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_others(job, reference):
+    """--recovery in-process (issue 15): rank 2 (node1), then rank 0 (node0, whose keeper hosts the workers' store)."""
+    job.env["TRAINPOD_RECOVERY"] = "in-process"
+    job.up()
+    recoveries, pids = kill_ranks(job, ((4, 2), (12, 0)), pids_each_time=True)
+    for rank, before, after in pids:
+        assert after[rank] != before[rank], (rank, before, after)
+        assert all(after[r] == before[r] for r in range(4) if r != rank), (rank, before, after)  # the same processes
+    metrics = finish(job)
+    say_recoveries("in-process recovery, ", recoveries)
+    log = job.logs("node0") + job.logs("node1")
+    assert "restarting the worker group" not in log, log[-4000:]
+    assert log.count("the group re-formed in-process") == 6, log[-4000:]  # 3 survivors, twice
+    assert metrics["checksum"] == reference and metrics["in_process_generation"] == 2
 
 
 def test_a_killed_node_container_comes_back(job, reference):

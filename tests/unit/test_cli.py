@@ -163,6 +163,21 @@ def test_warm_start_reaches_the_agent_and_on_refuses_what_is_not_this_pythons_sc
     assert "TRAINPOD_WARM_START=on" in line
 
 
+def test_in_process_recovery_reaches_the_ranks_and_needs_warm_starts():
+    result = trainpod("explain", "--json", "--recovery", "in-process", "--example", "cifar10-ddp")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["env"]["TRAINPOD_RECOVERY"] == "in-process"
+    result = trainpod("explain", "--json", "--example", "cifar10-ddp")
+    assert json.loads(result.stdout)["env"]["TRAINPOD_RECOVERY"] == "restart"
+    # a keeper forks the ranks: without a warm start there is nothing to fork from, refused by its origin
+    line = one_line_error(trainpod("run", "--recovery", "in-process", "--warm-start", "off", "--example", "cifar10-ddp"), 64)
+    assert line.startswith("trainpod: error: --recovery=in-process: a keeper forks the ranks") and "got --warm-start off" in line
+    line = one_line_error(trainpod("run", "--", sys.executable, "train.py", env={"TRAINPOD_RECOVERY": "in-process"}), 78)
+    assert "TRAINPOD_RECOVERY=in-process" in line
+    line = one_line_error(trainpod("run", "--recovery", "sometimes", "--", "true"), 64)
+    assert "--recovery" in line and "in-process" in line
+
+
 def test_source_pai_as_a_flag_without_pai_variables():
     assert "PAI_CURRENT_TASK_ROLE_NAME is not set" in one_line_error(trainpod("explain", "--source", "pai"), 78)
 

@@ -433,6 +433,14 @@ class Checkpointer:
                     "checkpoint directory, or choose another directory", exit_code=EXIT_CONFIG)
         return [entry.name for entry in entries]
 
+    def newest_step(self) -> int | None:
+        """The newest step whose save finished (it has a manifest), not verified; None without one.
+        Waits for our own save in flight first, as load_latest() does."""
+        with self._cond:
+            self._wait_idle_locked()
+        _, manifest_steps = files.listed_steps(self._list())
+        return max(manifest_steps, default=None)
+
     def load_latest(self) -> tuple[int, Any] | None:
         """(step, state) of the newest checkpoint that verifies, reporting each one skipped; or None."""
         with self._cond:

@@ -40,6 +40,7 @@ and the harness does the rest, the same way for each:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -58,7 +59,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from trainpod import distributed, progress, settings
+from trainpod import distributed, inprocess, progress, settings
 from trainpod.checkpoint import Checkpointer, CheckpointError
 from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, invalid
 from trainpod.examples import precision, reporting
@@ -183,12 +184,17 @@ def device_for(recipe: Recipe, backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(backend: str, device: torch.device) -> None:
+def process_group_device(backend: str, device: torch.device) -> torch.device | None:
     # NCCL is told the rank's GPU: it binds its communicator to it, and barrier() does not warn that
     # it guesses the device.
-    device_id = device if backend == "nccl" and device.type == "cuda" else None
+    return device if backend == "nccl" and device.type == "cuda" else None
+
+
+def init_distributed(backend: str, device: torch.device) -> None:
+    device_id = process_group_device(backend, device)
     if "RANK" in os.environ:
-        dist.init_process_group(backend, device_id=device_id)  # env://: torchrun set MASTER_ADDR/PORT, RANK, WORLD_SIZE
+        # env://: torchrun set MASTER_ADDR/PORT, RANK, WORLD_SIZE; under a keeper, a replacement joins its generation.
+        inprocess.init_process_group(backend, device_id=device_id)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
 
@@ -263,9 +269,10 @@ class TrainState:
     """What a checkpoint holds, and the checkpoint calls every rank makes together."""
 
     def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int,
-                 feed: ElasticFeed | None = None):
+                 feed: ElasticFeed | None = None, host_copy: inprocess.HostCopy | None = None):
         self.recipe, self.checkpointer, self.stateful = recipe, checkpointer, stateful
         self.sampler, self.rank, self.feed = sampler, rank, feed
+        self.host_copy = host_copy if checkpointer is not None else None  # every rank's, with in-process recovery
         self.fatal: CheckpointError | None = None  # rank 0: a save that no retry can fix, raised by the Checkpointer
         self.resumed: str | None = None  # the line that says which checkpoint resume() loaded
 
@@ -291,7 +298,11 @@ class TrainState:
 
     def resume(self) -> tuple[int, list]:
         """(step, loss curve) of the newest good checkpoint, its state restored; (0, []) without one."""
-        resumed = self.checkpointer.load_latest() if self.checkpointer else None
+        resumed, where = self._from_host_copy(), " (from this process's memory)"
+        if resumed is None:
+            resumed, where = (self.checkpointer.load_latest() if self.checkpointer else None), ""
+        if self.host_copy is not None and not self._same_everywhere(resumed[0] if resumed else 0, strict=False) and where:
+            resumed, where = self.checkpointer.load_latest(), ""  # the replacement found another: the disk decides
         self._same_everywhere(resumed[0] if resumed else 0)
         if resumed is None:
             return 0, []
@@ -319,21 +330,33 @@ class TrainState:
             ) from None
         # Said by the caller after its `world N` line: a log reader (compose/timeline.py) starts a
         # world's part of the log at that line, and this line belongs to it.
-        self.resumed = f"{self.recipe.name}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']})"
+        self.resumed = f"{self.recipe.name}: resumed from the checkpoint of step {step} (epoch {state['sampler']['epoch']}){where}"
         return step, state["loss_curve"]
 
-    def _same_everywhere(self, step: int) -> None:
+    def _from_host_copy(self) -> tuple[int, Any] | None:
+        """A survivor of an in-process recovery: the checkpoint it kept in memory, if it is the newest on disk
+        (a save that failed, or was lost with rank 0, is not); else None."""
+        copy = self.host_copy
+        if copy is None or copy.step is None or self.checkpointer.newest_step() != copy.step:
+            return None
+        progress.committed(copy.step)  # what this attempt starts from, as load_latest() reports it
+        return copy.step, copy.restore()
+
+    def _same_everywhere(self, step: int, strict: bool = True) -> bool:
         # Ranks that resumed from different checkpoints would train on diverging weights, or one
         # would start over: a checkpoint directory that each node has for itself, not shared.
         if self.checkpointer is None or not dist.is_initialized() or dist.get_world_size() == 1:
-            return
+            return True
         steps: list = [None] * dist.get_world_size()
         dist.all_gather_object(steps, step)
+        if len(set(steps)) > 1 and not strict:
+            return False
         if len(set(steps)) > 1:
             found = ", ".join(f"rank {r}: {s or 'none'}" for r, s in enumerate(steps))
             raise ConfigError(f"the ranks found different newest checkpoints in {self.checkpointer.directory} ({found}): "
                               "--checkpoint-dir must be one directory shared by every node (a shared volume or "
                               "file system), not a local one per node")
+        return True
 
     def save(self, step: int, loss_curve: list) -> None:
         """Every rank's RNG state goes into rank 0's checkpoint: a collective, so every rank calls this."""
@@ -345,10 +368,14 @@ class TrainState:
         if self.feed is not None:
             self.feed.commit([p for _, p in gathered])  # every rank: the ledgers stay equal
             extra["elastic"] = self.feed.state_dict()
-        if self.checkpointer is not None and self.rank == 0 and self.fatal is None:
-            state = {name: obj.state_dict() for name, obj in self.stateful.items()}
-            self._keep_fatal(lambda: self.checkpointer.save(
-                step, {**state, "sampler": self.sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve, **extra}))
+        if self.checkpointer is None or self.fatal is not None or (self.rank != 0 and self.host_copy is None):
+            return
+        state = {name: obj.state_dict() for name, obj in self.stateful.items()}
+        state.update({"sampler": self.sampler.state_dict(), "rng": rngs, "loss_curve": loss_curve, **extra})
+        if self.rank == 0:
+            self._keep_fatal(lambda: self.checkpointer.save(step, state))
+        if self.host_copy is not None:
+            self.host_copy.keep(step, state)
 
 
 @torch.no_grad()
@@ -396,8 +423,44 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
     seed_everything(args.seed, device)
     data = recipe.data(args, bar.print)
     workers = args.workers if args.workers is not None else recipe.default_workers(cpus_per_process())
+    run = Process(rank, bar, checkpointer, device, path, data, workers,
+                  inprocess.HostCopy() if inprocess.enabled() else None, rng_state())
 
     init_distributed(args.backend, device)
+    while True:
+        try:
+            return train_session(recipe, args, grace, started, run)
+        except RuntimeError as error:  # a collective failed: with in-process recovery, a peer may have died
+            if not inprocess.enabled():
+                raise
+            if checkpointer is not None and rank == 0:
+                with contextlib.suppress(CheckpointError):
+                    checkpointer.wait()  # on disk before any rank looks for the newest checkpoint
+            generation = inprocess.recover(error, args.backend, process_group_device(args.backend, device))
+            print(f"{recipe.name}: rank {rank}: {inprocess.gist(error)}: a rank was replaced, the group re-formed "
+                  f"in-process (generation {generation})", file=sys.stderr, flush=True)
+            set_rng_state(run.rng_after_data)  # where a replacement stands when it builds its model
+
+
+@dataclass
+class Process:
+    """What a rank makes once, before its process group: every session of in-process recovery reuses it."""
+
+    rank: int
+    bar: reporting.Progress
+    checkpointer: Checkpointer | None
+    device: torch.device
+    path: precision.Path
+    data: Data
+    workers: int
+    host_copy: inprocess.HostCopy | None  # the last checkpoint in memory (in-process recovery only)
+    rng_after_data: dict  # the RNG states after the data set was made: a new session's model starts from them
+
+
+def train_session(recipe: Recipe, args: Values, grace: float, started: float, run: Process) -> int:
+    """From a formed process group to the end: the model, the newest checkpoint, the loop, the metrics."""
+    rank, bar, checkpointer, device, path, data, workers = (run.rank, run.bar, run.checkpointer, run.device, run.path,
+                                                             run.data, run.workers)
     preemption = None
     try:
         world = dist.get_world_size()
@@ -423,7 +486,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
         scaler = path.grad_scaler()
         stateful = {"model": unwrap(model), "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-        state = TrainState(recipe, checkpointer, stateful, sampler, rank, feed)
+        state = TrainState(recipe, checkpointer, stateful, sampler, rank, feed, run.host_copy)
         step, loss_curve = state.resume()
         first_epoch = sampler.state_dict()["epoch"] if step else 1
         if feed is not None:
@@ -566,6 +629,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
                 "checksum": checksum,
                 "rank_checksums": rank_checksums,
                 "torch": torch.__version__,
+                "in_process_generation": inprocess.generation(),  # ranks replaced in-process so far (trainpod.keeper)
             }
             if feed is not None:
                 report = feed.report()

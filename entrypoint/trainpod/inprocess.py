@@ -1,0 +1,163 @@
+"""In-process recovery, the rank's side: after a peer rank died, keep this process and re-form the group.
+
+With --recovery in-process (TRAINPOD_RECOVERY) every rank runs under a keeper (trainpod.keeper): a
+small parent process that forks the rank, and when the rank is killed by a signal forks a
+replacement at once, with torch already imported, and counts a new *generation* in the workers'
+store (which the keeper of global rank 0 hosts, so that it outlives any rank). The ranks that are
+still alive see their collective fail; a script that uses this module then does not exit:
+
+    from trainpod import inprocess
+
+    inprocess.init_process_group("gloo")           # env:// at first; a replacement joins its generation
+    while True:
+        try:
+            train()                                  # builds DDP, restores the newest checkpoint, trains
+            break
+        except RuntimeError as error:                # a collective failed: a peer may have died
+            inprocess.recover(error)                 # re-raises it unless a replacement is coming
+
+recover() tears the broken group down, waits (RECOVERY_WAIT_S at most) for the keeper of the dead
+rank to count the next generation, and joins that generation's group together with the
+replacement (REFORM_TIMEOUT_S at most). train() then restores the state: HostCopy keeps the last
+checkpoint in this process's memory, and the replacement loads the same checkpoint from disk.
+Anything else (no keeper, no new generation because the error was no peer's death, a group that
+does not re-form) re-raises the original error: the rank exits, and the agent restarts the whole
+worker group from the checkpoint on disk, as without in-process recovery.
+
+A script that never calls init_process_group() here is not replaced in-process: its keeper lets a
+killed rank end as it would without one, and the agent restarts the group.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+GENERATION_VAR = "TRAINPOD_INPROCESS_GENERATION"  # set by the keeper in each rank it forks: 0, then 1, 2, ...
+GENERATION_KEY = "trainpod/inprocess/generation"  # in the workers' store: the newest generation counted
+RECOVERY_WAIT_S = 3.0  # after a failed collective, how long a new generation may take to be counted
+REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacement starts, loads its data)
+_POLL_S = 0.005
+
+_declared: Any = None  # set by trainpod.keeper in the forked rank: a shared byte the rank sets to say it recovers
+
+
+def enabled() -> bool:
+    """Whether this rank runs under a keeper (trainpod.keeper), so that a dead peer can be replaced in-process."""
+    return GENERATION_VAR in os.environ
+
+
+def generation() -> int:
+    """The group generation this rank belongs to: 0 at the start, one more after each in-process recovery."""
+    return int(os.environ.get(GENERATION_VAR, "0") or 0)
+
+
+def init_process_group(backend: str, device_id=None) -> None:
+    """torch.distributed.init_process_group for a rank started by torchrun: env:// in generation 0, the
+    generation's own group for a replacement. Also tells the keeper that this rank can recover in-process."""
+    import torch.distributed as dist
+
+    if not enabled():
+        dist.init_process_group(backend, device_id=device_id)
+        return
+    if _declared is not None:
+        _declared[0] = 1
+    if generation() == 0:
+        dist.init_process_group(backend, device_id=device_id)  # env://: the keeper made every rank a store client
+    else:
+        _join(generation(), backend, device_id)
+
+
+def recover(error: BaseException, backend: str | None = None, device_id=None) -> int:
+    """After `error` in a collective: re-form the group with the replacement of a dead rank and return
+    the new generation; re-raise `error` if this rank cannot (see the module docstring)."""
+    import torch.distributed as dist
+
+    from trainpod import distributed
+
+    if not enabled():
+        raise error
+    backend = backend or (dist.get_backend() if dist.is_initialized() else "gloo")
+    distributed.shutdown(barrier=False)
+    _release(error)
+    current, store = generation(), _store(RECOVERY_WAIT_S)
+    deadline = time.monotonic() + RECOVERY_WAIT_S
+    newest = int(store.add(GENERATION_KEY, 0))
+    while newest <= current:
+        if time.monotonic() >= deadline:
+            raise error  # no rank died (or none could be replaced): the agent restarts the group
+        time.sleep(_POLL_S)
+        newest = int(store.add(GENERATION_KEY, 0))
+    os.environ[GENERATION_VAR] = str(newest)
+    try:
+        _join(newest, backend, device_id, store)
+    except Exception:  # the replacement did not come (or another rank died meanwhile)
+        distributed.shutdown(barrier=False)
+        raise error from None
+    return newest
+
+
+def _release(error: BaseException) -> None:
+    """Free the broken group now: clear the failed step's frames (a DDP model, the collective's work: they
+    hold the group) and collect them. Only a freed gloo group closes its connections, and until they
+    close, a rank blocked on this one (not on the dead rank) never learns of the failure. Destroying the
+    group does not close them, nor does aborting it (torch 2.13)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+    gc.collect()
+
+
+def gist(error: BaseException) -> str:
+    """The first sentence of a collective's error, without gloo's source location: "Read error [10.0.0.2]:4711:
+    Connection reset by peer"."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". ")[0][:200]
+
+
+def _store(timeout_s: float):
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
+def _join(number: int, backend: str, device_id, store=None) -> None:
+    import torch.distributed as dist
+
+    store = store if store is not None else _store(REFORM_TIMEOUT_S)
+    store.set_timeout(timedelta(seconds=REFORM_TIMEOUT_S))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
+
+
+class HostCopy:
+    """The last checkpoint's state, kept in this process's memory (tensors on the CPU), so that a survivor
+    of an in-process recovery restores it without reading the disk. The disk stays the source of truth:
+    use the copy only when its step is the newest checkpoint there (trainpod.examples.harness)."""
+
+    def __init__(self):
+        self.step: int | None = None
+        self.state: Any = None
+
+    def keep(self, step: int, state: Any) -> None:
+        from trainpod.checkpoint.snapshot import Snapshot
+
+        self.state = Snapshot(self.state).take(state)  # the previous copy's buffers are reused
+        self.step = step
+
+    def restore(self) -> Any:
+        """A fresh copy of the kept state: load_state_dict may keep the tensors it is given (an optimizer's
+        state on the same device is not copied), and training would then change the kept copy."""
+        from trainpod.checkpoint.snapshot import Snapshot
+
+        return Snapshot().take(self.state)

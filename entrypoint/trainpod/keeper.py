@@ -1,0 +1,147 @@
+"""In-process recovery, the process side: each rank is the child of a keeper that replaces it when it is killed.
+
+With --recovery in-process (TRAINPOD_RECOVERY), trainpod.warm.run_rank does not run the rank itself:
+it becomes the rank's keeper (`ps`: keeper<R>), forks the rank (rank<R>) and waits. When the rank is
+killed by a signal (SIGKILL, the OOM killer, a segfault), the keeper counts the next generation in
+the workers' store and forks a replacement at once: the keeper has torch (and a bundled example's
+modules) imported already, so the replacement's start costs a fork, not an interpreter. The other
+ranks keep their processes and re-form the group with it (trainpod.inprocess).
+
+The keeper lets the rank end as it would have without it (and the agent restarts the whole worker
+group, or stops) when:
+- the rank exited with a code, 0 or not: only a death by a signal is replaced (a Python error, a bad
+  configuration or a lost peer are the agent's to decide, trainpod.agent_policy);
+- the signal was a stop request (SIGTERM, SIGINT, SIGHUP, SIGQUIT): the job is being stopped;
+- the rank never called trainpod.inprocess.init_process_group(): its script cannot re-form a group;
+- this rank was already replaced TRAINPOD_INPROCESS_MAX times (the agent's --max-restarts): a rank
+  that keeps dying is the agent's restart budget's to judge.
+
+The workers' store (MASTER_ADDR:MASTER_PORT, where env:// ranks meet) is hosted by global rank 0's
+keeper rather than by rank 0 itself, so that it outlives any rank: every rank is its client
+(TORCHELASTIC_USE_AGENT_STORE). Each worker group the agent starts has new keepers and a new store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import signal
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+
+from trainpod import failpoints, inprocess, orphans
+
+MAX_VAR = "TRAINPOD_INPROCESS_MAX"  # set by the agent: how often one rank may be replaced in-process
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # forwarded; a rank they kill is not replaced
+STORE_TIMEOUT_S = 60.0
+
+
+def replaces(signalled: int | None, declared: bool, left: int) -> bool:
+    """Whether a rank that ended (killed by `signalled`, or None: it exited) is replaced in-process."""
+    return signalled is not None and signalled not in STOP_SIGNALS and declared and left > 0
+
+
+def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> None:
+    """Run `run` (the rank) in a forked child, and again in a new child each time `replaces` says so;
+    then end as the last child ended (return for 0, SystemExit for a code, the same signal)."""
+    store = _host_store() if rank == 0 else None
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// in the ranks: a client of the store, never its host
+    declared = mmap.mmap(-1, 1)  # shared with the forked ranks: set by inprocess.init_process_group()
+    left = int(os.environ.get(MAX_VAR, "3") or 0)
+    keeper = os.getpid()
+    child = 0
+
+    def forward(sig, _frame) -> None:
+        if os.getpid() == keeper and child:
+            os.kill(child, sig)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, forward)
+    name(f"keeper{rank}")
+    generation = 0
+    while True:
+        child = _fork(run, generation, declared)
+        signalled, code = _wait(child)
+        if not replaces(signalled, bool(declared[0]), left):
+            break
+        left -= 1
+        if store is None:
+            store = _client()
+        generation = int(store.add(inprocess.GENERATION_KEY, 1))
+        print(f"trainpod: rank {rank} (pid {child}) was killed by {signal.Signals(signalled).name}: its replacement "
+              f"joins the other ranks in-process (generation {generation}, {left} replacement(s) left)",
+              file=sys.stderr, flush=True)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    if signalled is not None:
+        os.kill(os.getpid(), signalled)  # end as the rank did: the agent reports the signal
+    if code:
+        raise SystemExit(code)
+
+
+def rank_pid(pid: int) -> int:
+    """The pid of the rank that `pid` keeps, when `pid` is a keeper (by its name keeper<R>); else `pid`."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            if not comm.read().startswith("keeper"):
+                return pid
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            found = children.read().split()
+    except OSError:
+        return pid
+    return int(found[0]) if found else pid
+
+
+def _fork(run: Callable[[], None], generation: int, declared: mmap.mmap) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        orphans.die_with_parent(orphans.RANK_SIGNAL)  # no rank outlives its keeper
+        os.environ[inprocess.GENERATION_VAR] = str(generation)
+        inprocess._declared = declared
+        if generation and failpoints.replacement_fails(generation):
+            raise SystemExit(1)
+        run()
+        code = 0
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+
+
+def _wait(pid: int) -> tuple[int | None, int]:
+    """(signal that killed `pid` or None, its exit code)."""
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return None, 1
+        if os.WIFSIGNALED(status):
+            return os.WTERMSIG(status), 128 + os.WTERMSIG(status)
+        if os.WIFEXITED(status):
+            return None, os.WEXITSTATUS(status)
+
+
+def _host_store():
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=True,
+                         wait_for_workers=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+
+
+def _client():
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=STORE_TIMEOUT_S))

@@ -1,0 +1,108 @@
+"""trainpod.keeper: which ends of a rank are replaced, and a real keeper process forking real ranks."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trainpod import keeper
+
+pytest.importorskip("torch")
+
+ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
+
+
+def test_only_a_rank_killed_by_a_signal_that_is_no_stop_request_is_replaced():
+    assert keeper.replaces(signal.SIGKILL, declared=True, left=1)
+    assert keeper.replaces(signal.SIGSEGV, declared=True, left=1)
+    assert not keeper.replaces(None, declared=True, left=1)  # an exit code is the agent's to judge
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        assert not keeper.replaces(stop, declared=True, left=1)  # the job is being stopped
+    assert not keeper.replaces(signal.SIGKILL, declared=False, left=1)  # its script cannot re-form a group
+    assert not keeper.replaces(signal.SIGKILL, declared=True, left=0)  # replaced often enough
+
+
+# A keeper of global rank 0 (it hosts the store) whose rank does what BEHAVIOUR says in each generation.
+KEEPER = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    from trainpod import inprocess, keeper
+
+    out = Path(sys.argv[1])
+    behaviour = sys.argv[2]
+
+    def rank():
+        generation = inprocess.generation()
+        with open(out / "ranks", "a") as f:
+            f.write(f"{generation} {os.getpid()} {os.getppid()}\\n")
+        if behaviour != "undeclared":
+            inprocess._declared[0] = 1  # what inprocess.init_process_group() does
+        if behaviour == "sleep":
+            (out / "ready").touch()
+            time.sleep(60)
+        if behaviour == "exit3":
+            raise SystemExit(3)
+        if behaviour == "always" or generation == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    keeper.keep(rank, 0, lambda title: (out / "title").write_text(title))
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_keeper(tmp_path, behaviour, limit="3", start_only=False):
+    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           keeper.MAX_VAR: limit}
+    process = subprocess.Popen([sys.executable, "-c", KEEPER, str(tmp_path), behaviour], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if start_only:
+        return process
+    _, err = process.communicate(timeout=120)
+    ranks = [line.split() for line in (tmp_path / "ranks").read_text().splitlines()]
+    return process.returncode, err, ranks
+
+
+def test_a_killed_rank_is_forked_again_in_the_next_generation_and_the_keeper_ends_as_it_did(tmp_path):
+    code, err, ranks = run_keeper(tmp_path, "once")
+    assert code == 0, err
+    assert [r[0] for r in ranks] == ["0", "1"]
+    assert ranks[0][1] != ranks[1][1] and ranks[0][2] == ranks[1][2]  # a new process, the same keeper parent
+    assert "trainpod: rank 0 (pid" in err and "was killed by SIGKILL: its replacement joins the other ranks in-process " \
+        "(generation 1, 2 replacement(s) left)" in err
+    assert (tmp_path / "title").read_text() == "keeper0"
+
+
+def test_replacements_stop_at_the_limit_and_the_keeper_dies_by_the_ranks_signal(tmp_path):
+    code, err, ranks = run_keeper(tmp_path, "always", limit="2")
+    assert code == -signal.SIGKILL, err
+    assert [r[0] for r in ranks] == ["0", "1", "2"]
+
+
+def test_a_rank_that_cannot_recover_or_exits_with_a_code_is_not_replaced(tmp_path):
+    code, err, ranks = run_keeper(tmp_path, "undeclared")
+    assert (code, len(ranks)) == (-signal.SIGKILL, 1), err
+    (tmp_path / "ranks").unlink()
+    code, err, ranks = run_keeper(tmp_path, "exit3")
+    assert (code, len(ranks)) == (3, 1), err
+
+
+def test_a_stop_request_reaches_the_rank_and_ends_both(tmp_path):
+    process = run_keeper(tmp_path, "sleep", start_only=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == -signal.SIGTERM
+    assert len((tmp_path / "ranks").read_text().splitlines()) == 1  # not replaced
