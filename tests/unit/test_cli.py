@@ -178,6 +178,21 @@ def test_in_process_recovery_reaches_the_ranks_and_needs_warm_starts():
     assert "--recovery" in line and "in-process" in line
 
 
+def test_in_process_recovery_refuses_nccl():
+    # A CPU host refuses --backend nccl before this check, so the check itself: a GPU host's topology.
+    from types import SimpleNamespace
+
+    from trainpod import cli
+    from trainpod.errors import ConfigError
+    from trainpod.launch import Target
+
+    values = SimpleNamespace(recovery="in-process", warm_start="auto", origins={"recovery": "TRAINPOD_RECOVERY"})
+    example = Target(module="trainpod.examples.cifar10")
+    cli._check_recovery(values, SimpleNamespace(backend="gloo"), example)  # accepted
+    with pytest.raises(ConfigError, match=r"^TRAINPOD_RECOVERY=in-process: expected the gloo backend .* got nccl; use restart$"):
+        cli._check_recovery(values, SimpleNamespace(backend="nccl"), example)
+
+
 def test_source_pai_as_a_flag_without_pai_variables():
     assert "PAI_CURRENT_TASK_ROLE_NAME is not set" in one_line_error(trainpod("explain", "--source", "pai"), 78)
 
