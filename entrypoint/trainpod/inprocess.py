@@ -85,14 +85,19 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
     backend = backend or (dist.get_backend() if dist.is_initialized() else "gloo")
     distributed.shutdown(barrier=False)
     _release(error)
-    current, store = generation(), _store(RECOVERY_WAIT_S)
-    deadline = time.monotonic() + RECOVERY_WAIT_S
-    newest = int(store.add(GENERATION_KEY, 0))
-    while newest <= current:
-        if time.monotonic() >= deadline:
-            raise error  # no rank died (or none could be replaced): the agent restarts the group
-        time.sleep(_POLL_S)
+    current, deadline = generation(), time.monotonic() + RECOVERY_WAIT_S
+    try:
+        store = _store(RECOVERY_WAIT_S)
         newest = int(store.add(GENERATION_KEY, 0))
+        while newest <= current:
+            if time.monotonic() >= deadline:
+                raise error  # no rank died (or none could be replaced): the agent restarts the group
+            time.sleep(_POLL_S)
+            newest = int(store.add(GENERATION_KEY, 0))
+    except (RuntimeError, OSError) as lost:
+        if lost is error:
+            raise
+        raise error from None  # the store went with rank 0's keeper (its node): the agent decides
     os.environ[GENERATION_VAR] = str(newest)
     try:
         _join(newest, backend, device_id, store)

@@ -35,7 +35,8 @@ from trainpod import failpoints, inprocess, orphans
 
 MAX_VAR = "TRAINPOD_INPROCESS_MAX"  # set by the agent: how often one rank may be replaced in-process
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # forwarded; a rank they kill is not replaced
-STORE_TIMEOUT_S = 60.0
+STORE_TIMEOUT_S = 60.0  # the store's own timeout for the ranks' requests
+CLIENT_TIMEOUT_S = 5.0  # a keeper's connection to rank 0's keeper: gone with its node, then no replacement
 
 
 def replaces(signalled: int | None, declared: bool, left: int) -> bool:
@@ -67,9 +68,14 @@ def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> Non
         if not replaces(signalled, bool(declared[0]), left):
             break
         left -= 1
-        if store is None:
-            store = _client()
-        generation = int(store.add(inprocess.GENERATION_KEY, 1))
+        try:
+            store = store if store is not None else _client()
+            generation = int(store.add(inprocess.GENERATION_KEY, 1))
+        except (RuntimeError, OSError) as error:  # rank 0's keeper, and its store, are gone: nothing to re-form
+            print(f"trainpod: rank {rank} (pid {child}) was killed by {signal.Signals(signalled).name}; not replaced "
+                  f"in-process: the workers' store at {_address()} does not answer ({type(error).__name__})",
+                  file=sys.stderr, flush=True)
+            break
         print(f"trainpod: rank {rank} (pid {child}) was killed by {signal.Signals(signalled).name}: its replacement "
               f"joins the other ranks in-process (generation {generation}, {left} replacement(s) left)",
               file=sys.stderr, flush=True)
@@ -133,6 +139,10 @@ def _wait(pid: int) -> tuple[int | None, int]:
             return None, os.WEXITSTATUS(status)
 
 
+def _address() -> str:
+    return f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+
+
 def _host_store():
     import torch.distributed as dist
 
@@ -144,4 +154,4 @@ def _client():
     import torch.distributed as dist
 
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(seconds=STORE_TIMEOUT_S))
+                         timeout=timedelta(seconds=CLIENT_TIMEOUT_S))

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from test_faults import CHECKPOINTS, COMPOSE, FAULTS, NODES, STEPS, Follower, in_volume
+from test_hangs import STOPPED_AT
 
 from fixtures.docker_env import REPO, ComposeJob, find_rank
 
@@ -139,9 +140,8 @@ def test_a_sigstopped_rank_on_node1_is_named_killed_and_the_job_resumes_bit_iden
         stopped_at = stop_rank(job, 2)
         metrics = finish(job)
         node0, node1 = hang_line(job, "node0"), hang_line(job, "node1")
-        assert re.search(r"behind: rank 2 on node1 stopped at examples/harness\.py:\d+ in train, step \d+; "
-                         r"ranks 0, 1, 3 wait for it", node0), node0
-        assert re.search(r"behind: rank 2 stopped at examples/harness\.py:\d+ in train", node1), node1
+        assert re.search(rf"behind: rank 2 on node1 stopped at {STOPPED_AT}, step \d+; ranks 0, 1, 3 wait for it", node0), node0
+        assert re.search(rf"behind: rank 2 stopped at {STOPPED_AT}", node1), node1
         within_the_bound(job, stopped_at)
         stacks_written(job, node1, (2, 3))
         assert "resumed from the checkpoint of step" in job.logs("node0")

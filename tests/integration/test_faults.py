@@ -1,5 +1,6 @@
 """Fault injection on the 2-node compose job (compose/pai-2node, 4 ranks): whatever kills it, the
-job finishes with final weights bit-identical to an uninterrupted run.
+job finishes with final weights bit-identical to an uninterrupted run, with --recovery restart and
+with --recovery in-process (BOTH_RECOVERIES).
 
 Rank 0 is on node0 (the rendezvous orders nodes by address, and node0's is lower), so its step
 lines, its checkpoints (on the volume both nodes mount) and its metrics line are node0's.
@@ -27,6 +28,10 @@ RESUMED = re.compile(r"resumed from the checkpoint of step (\d+)")
 STEP_LINE = re.compile(r"^\[node0 rank0\] epoch \d+/\d+ step (\d+)/", re.M)
 
 
+# Issue 15: whatever kills or stops the job, in-process recovery ends as the restart does.
+BOTH_RECOVERIES = pytest.mark.parametrize("job", ["restart", "in-process"], indirect=True)
+
+
 def new_job(subnet: str, **env: str) -> ComposeJob:
     return ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": subnet, **env}, overrides=(FAULTS,))
 
@@ -50,8 +55,9 @@ def reference(docker_ready):
 
 
 @pytest.fixture
-def job(docker_ready, tmp_path):
-    job = new_job("10.151.44")
+def job(docker_ready, tmp_path, request):
+    """The job, with --recovery restart unless a test asks for another mode (BOTH_RECOVERIES)."""
+    job = new_job("10.151.44", TRAINPOD_RECOVERY=getattr(request, "param", "restart"))
     yield job
     for node in NODES:  # kept for a failure's post-mortem: pytest keeps the last runs' tmp_path
         (tmp_path / f"{node}.log").write_text(job.compose("logs", "--timestamps", "--no-color", node, check=False).stdout)
@@ -168,6 +174,7 @@ def in_volume(job: ComposeJob, script: str) -> str:
     return job.compose("run", "--rm", "--no-deps", "-T", "node1", "python3", "-c", script).stdout
 
 
+@BOTH_RECOVERIES
 def test_sigkill_of_random_ranks_at_three_steps_one_mid_checkpoint_write(job, reference):
     rng = random.Random(20261122)
     kills = [(step, rng.randrange(4)) for step in sorted(rng.sample(range(5, 19), 2))]
@@ -203,6 +210,7 @@ def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_
     assert metrics["checksum"] == reference and metrics["in_process_generation"] == 2
 
 
+@BOTH_RECOVERIES
 def test_a_killed_node_container_comes_back(job, reference):
     job.up()
     Follower(job).wait_for_step(10, resumes=0)
@@ -229,6 +237,7 @@ print(' '.join(os.path.basename(m) for m in manifests[-3:]))
 """
 
 
+@BOTH_RECOVERIES
 def test_a_corrupt_newest_checkpoint_resumes_from_the_previous_good_one(job, reference):
     job.up()
     Follower(job).wait_for_step(17, resumes=0)  # checkpoints of steps 8, 12, 16 at least
@@ -244,6 +253,7 @@ def test_a_corrupt_newest_checkpoint_resumes_from_the_previous_good_one(job, ref
     assert metrics["checksum"] == reference
 
 
+@BOTH_RECOVERIES
 def test_docker_stop_checkpoints_the_last_step_and_up_resumes_from_it(job, reference):
     job.up()
     Follower(job).wait_for_step(10, resumes=0)

@@ -18,9 +18,10 @@ import pytest
 pytest.importorskip("torch")
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
+EVERY = 5
 # 2 epochs of 1024 samples per rank in batches of 32: 64 steps, a checkpoint every 5.
-JOB = ["--epochs", "2", "--synthetic-samples", "2048", "--batch-size", "32", "--checkpoint-every", "5", "--log-every", "1"]
-KILL_AT = 20  # a checkpoint's step: the kill follows it
+JOB = ["--epochs", "2", "--synthetic-samples", "2048", "--batch-size", "32", "--checkpoint-every", str(EVERY), "--log-every", "1"]
+KILL_AT = 20  # a checkpoint's step: the kill follows its log line, maybe before the checkpoint is committed
 STEP = re.compile(r"\] epoch \d+/\d+ step (\d+)/")
 GROUP_RESTART = "restarting the worker group"
 
@@ -121,7 +122,8 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
                          log), log[-4000:]
     assert GROUP_RESTART not in log  # the agent never restarted the worker group
     resumed = re.findall(r"resumed from the checkpoint of step (\d+).*", log)
-    assert len(resumed) == 1 and int(resumed[0]) >= KILL_AT, resumed
+    # The checkpoint of step KILL_AT is written beside training: a kill just after its step may precede its commit.
+    assert len(resumed) == 1 and int(resumed[0]) >= KILL_AT - EVERY, resumed
     if victim != 0:  # rank 0 survived: it restored the checkpoint it kept in memory
         assert "(from this process's memory)" in log
     result = metrics(tmp_path)

@@ -51,7 +51,7 @@ KEEPER = textwrap.dedent("""
         if behaviour == "always" or generation == 0:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    keeper.keep(rank, 0, lambda title: (out / "title").write_text(title))
+    keeper.keep(rank, int(os.environ.get("KEEPER_RANK", "0")), lambda title: (out / "title").write_text(title))
 """)
 
 
@@ -61,9 +61,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_keeper(tmp_path, behaviour, limit="3", start_only=False):
+def run_keeper(tmp_path, behaviour, limit="3", start_only=False, rank=0):
     env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           keeper.MAX_VAR: limit}
+           keeper.MAX_VAR: limit, "KEEPER_RANK": str(rank)}
     process = subprocess.Popen([sys.executable, "-c", KEEPER, str(tmp_path), behaviour], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if start_only:
@@ -106,3 +106,10 @@ def test_a_stop_request_reaches_the_rank_and_ends_both(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == -signal.SIGTERM
     assert len((tmp_path / "ranks").read_text().splitlines()) == 1  # not replaced
+
+
+def test_without_rank_0s_keeper_and_its_store_a_killed_rank_is_not_replaced(tmp_path):
+    code, err, ranks = run_keeper(tmp_path, "once", rank=1)  # rank 1's keeper: no store answers at MASTER_PORT
+    assert (code, len(ranks)) == (-signal.SIGKILL, 1), err
+    assert "trainpod: rank 1 (pid" in err and "was killed by SIGKILL; not replaced in-process: the workers' store at " \
+        "127.0.0.1:" in err and "does not answer" in err

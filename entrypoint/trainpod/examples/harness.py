@@ -403,13 +403,14 @@ def main(recipe: Recipe, argv: list[str] | None = None) -> int:
     try:
         args = parse_options(recipe, argv)
         grace = term_grace()  # checked first: a bad value is a configuration error, not a crash later
-        return train(recipe, args, grace, started)
+        return train_rank(recipe, args, grace, started)
     except TrainpodError as error:
         print(f"{recipe.name}: error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
 
 
-def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
+def train_rank(recipe: Recipe, args: Values, grace: float, started: float) -> int:
+    """This rank's whole run: what it makes once, then train() in every process group it belongs to."""
     rank = int(os.environ.get("RANK", "0"))
     bar = reporting.Progress(total_steps=0, epochs=args.epochs, enabled=rank == 0)
     checkpointer = Checkpointer(args.checkpoint_dir, keep=args.keep) if args.checkpoint_dir else None
@@ -429,7 +430,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float) -> int:
     init_distributed(args.backend, device)
     while True:
         try:
-            return train_session(recipe, args, grace, started, run)
+            return train(recipe, args, grace, started, run)
         except RuntimeError as error:  # a collective failed: with in-process recovery, a peer may have died
             if not inprocess.enabled():
                 raise
@@ -457,8 +458,9 @@ class Process:
     rng_after_data: dict  # the RNG states after the data set was made: a new session's model starts from them
 
 
-def train_session(recipe: Recipe, args: Values, grace: float, started: float, run: Process) -> int:
-    """From a formed process group to the end: the model, the newest checkpoint, the loop, the metrics."""
+def train(recipe: Recipe, args: Values, grace: float, started: float, run: Process) -> int:
+    """From a formed process group to the end: the model, the newest checkpoint, the loop, the metrics.
+    (Its name is what the hang watch's lines show: `stopped at examples/harness.py:N in train`.)"""
     rank, bar, checkpointer, device, path, data, workers = (run.rank, run.bar, run.checkpointer, run.device, run.path,
                                                              run.data, run.workers)
     preemption = None
