@@ -1,7 +1,7 @@
 """Where launch time goes: `trainpod run` against bare torchrun, phase by phase, on this host (issue 15).
 
-A trivial 2-process gloo job (import torch, init_process_group, barrier, destroy) runs under
-`trainpod run --nproc-per-node 2 --hang-timeout 0 -- python JOB`, the same with `--warm-start on`
+A trivial 2-process gloo job (bench/launch_job.py: import torch, init_process_group, barrier,
+destroy) runs under `trainpod run --nproc-per-node 2 --hang-timeout 0 -- python JOB`, the same with `--warm-start on`
 (the ranks forked from a server that imported torch during the rendezvous, trainpod.warm) and
 under `torchrun --standalone --nproc-per-node 2 JOB`, alternating, both with torch's INFO logs on.
 Each line is timestamped as it arrives; the ranks print their own clock. Phases, in seconds from
@@ -15,9 +15,13 @@ the launch:
     finished   the agent logs that the worker group finished
     exit       the launcher's process has exited
 
-`trainpod: ... node 0 of 1` (printed by the job before it execs the agent) is shown as `preflight`.
+`trainpod: ... node 0 of 1` (printed by the job before it becomes the agent) is shown as `preflight`.
 
     python3 bench/launch.py [--rounds N]
+
+measure_compose() does the same for a 2-node job in bench/compose.yaml's two containers (`make
+bench` runs it): `trainpod run --nnodes 2 --node-rank R --master-addr node0 ...` on both against
+`torchrun --nnodes 2 --node-rank R --master-addr node0 ...`, as a user writes it for two hosts.
 """
 
 from __future__ import annotations
@@ -28,21 +32,12 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-JOB = """
-import time
-start = time.time()
-import torch.distributed as dist
-dist.init_process_group("gloo")
-dist.barrier()
-if dist.get_rank() == 0:
-    print(f"bench-launch: rank-up {start:.6f} ready {time.time():.6f}", flush=True)
-dist.destroy_process_group()
-"""
+JOB = Path(__file__).resolve().parent / "launch_job.py"
 ENTRYPOINT = str(Path(__file__).resolve().parents[1] / "entrypoint")
 MARKS = {  # phase -> what in a line marks it (torch's launcher and agent log at INFO)
     "preflight": re.compile(r"trainpod: \w+: node 0 of 1"),
@@ -82,37 +77,76 @@ def run_once(argv: list[str], env: dict[str, str]) -> dict[str, float]:
     return seen
 
 
+def host_sides(job: Path) -> dict[str, list[str]]:
+    run = [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--hang-timeout", "0"]
+    return {
+        "trainpod run": [*run, "--", sys.executable, str(job)],
+        # the ranks forked from a server that imports torch during the rendezvous (trainpod.warm)
+        "--warm-start on": [*run, "--warm-start", "on", "--", sys.executable, str(job)],
+        "bare torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(job)],
+    }
+
+
+def table(runs: dict[str, list[dict[str, float]]], phases: tuple[str, ...], title: str) -> str:
+    """One row per phase, a column per side, then each side's difference from bare torchrun (the last side)."""
+    sides = list(runs)
+    lines = [title, f"  {'phase':<11}" + "".join(f"{side:>16}" for side in sides) + "".join(f"{'extra':>8}" for _ in sides[:-1])]
+    for phase in phases:
+        values = {side: [run[phase] for run in runs[side] if phase in run] for side in sides}
+        med = {side: statistics.median(v) if v else None for side, v in values.items()}
+        bare = med[sides[-1]]
+        cells = [f"{v:>16.2f}" if v is not None else f"{'-':>16}" for v in med.values()]
+        cells += [f"{med[side] - bare:>+8.2f}" if med[side] is not None and bare is not None else f"{'':>8}" for side in sides[:-1]]
+        lines.append(f"  {phase:<11}{''.join(cells)}")
+    return "\n".join(lines)
+
+
+def compose_once(exec_in: Callable[[str, str], subprocess.Popen], finish: Callable[[subprocess.Popen, str], str],
+                 side: str, port: int) -> dict[str, float]:
+    """One 2-node launch in the compose nodes of bench/compose.yaml (this file at /bench): both nodes'
+    commands started together; seconds from node0's start to rank 0's interpreter and to its ready group."""
+    job = "/bench/launch_job.py"
+    if side == "trainpod run":
+        command = (f"trainpod run --nnodes 2 --node-rank {{rank}} --master-addr node0 --master-port {port} --nproc-per-node 2 "
+                   f"--hang-timeout 0 -- python3 {job}")
+    else:  # as a user writes it for two hosts: node 0 hosts the store
+        command = f"torchrun --nnodes 2 --node-rank {{rank}} --master-addr node0 --master-port {port} --nproc-per-node 2 {job}"
+    nodes = [exec_in(f"node{rank}", f"date +%s.%N; exec {command.format(rank=rank)}") for rank in (0, 1)]
+    outputs = [finish(node, f"{side} node{rank}") for rank, node in enumerate(nodes)]
+    started = float(outputs[0].splitlines()[0])
+    match = RANK.search("\n".join(outputs))
+    if not match:
+        sys.exit(f"bench-launch: no rank 0 line from {side}:\n{outputs[0][-2000:]}\n{outputs[1][-2000:]}")
+    return {"rank up": float(match.group(1)) - started, "ready": float(match.group(2)) - started}
+
+
+def measure_compose(exec_in, finish, rounds: int = 3) -> str:
+    """The 2-node launch (bench/run.py calls it with its compose nodes up)."""
+    runs: dict[str, list[dict[str, float]]] = {"trainpod run": [], "bare torchrun": []}
+    for round_ in range(rounds):
+        for offset, side in enumerate(runs):  # alternating
+            runs[side].append(compose_once(exec_in, finish, side, 29800 + 2 * round_ + offset))
+    return table(runs, ("rank up", "ready"), "launch of a 2-node job (2 compose containers x 2 processes, gloo; seconds from "
+                 f"node0's command to rank 0, median of {rounds} alternating runs)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="trainpod-bench-launch-") as scratch:
-        job = Path(scratch) / "job.py"
-        job.write_text(JOB)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "SLURM_"))}
-        env.update(PYTHONPATH=ENTRYPOINT, LOGLEVEL="INFO", OMP_NUM_THREADS="1")
-        sides = {
-            "trainpod run": [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--hang-timeout", "0",
-                             "--", sys.executable, str(job)],
-            # the ranks forked from a server that imports torch during the rendezvous (trainpod.warm)
-            "--warm-start on": [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--hang-timeout", "0",
-                                "--warm-start", "on", "--", sys.executable, str(job)],
-            "bare torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(job)],
-        }
-        runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
-        for _ in range(args.rounds):
-            for side, argv in sides.items():  # alternating: a drifting load hits both alike
-                runs[side].append(run_once(argv, env))
-    print(f"launch phases (this host, 2 processes, gloo; seconds from the launch, median of {args.rounds} alternating runs)")
-    print(f"  {'phase':<11}" + "".join(f"{side:>16}" for side in sides) + "".join(f"{'extra':>8}" for _ in list(sides)[1:]))
-    for phase in PHASES:
-        values = {side: [run[phase] for run in runs[side] if phase in run] for side in sides}
-        med = {side: statistics.median(v) if v else None for side, v in values.items()}
-        bare = med["bare torchrun"]
-        cells = [f"{v:>16.2f}" if v is not None else f"{'-':>16}" for v in med.values()]
-        cells += [f"{med[side] - bare:>+8.2f}" if med[side] is not None and bare is not None else f"{'':>8}"
-                  for side in sides if side != "bare torchrun"]
-        print(f"  {phase:<11}{''.join(cells)}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "SLURM_"))}
+    env.update(PYTHONPATH=ENTRYPOINT, LOGLEVEL="INFO", OMP_NUM_THREADS="1")
+    # trainpod's bytecode, as an installed package has it (pip and the image compile it; torch's is): a
+    # source checkout under PYTHONDONTWRITEBYTECODE would compile every module in every process.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(ENTRYPOINT, "trainpod")], check=True,
+                   stdout=subprocess.DEVNULL)
+    sides = host_sides(JOB)
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for _ in range(args.rounds):
+        for side, argv in sides.items():  # alternating: a drifting load hits both alike
+            runs[side].append(run_once(argv, env))
+    print(table(runs, PHASES, f"launch phases (this host, 2 processes, gloo; seconds from the launch, median of {args.rounds} "
+                              "alternating runs)"))
     return 0
 
 

@@ -114,8 +114,8 @@ def kind_of(process: psutil.Process) -> str | None:
             return f"worker rank {process.environ().get('RANK')}"
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    for marker, kind in (("trainpod-keeper", "keeper"),
-                         ("trainpod.agent", "agent"), ("torch.distributed.run", "agent"), ("supervisor.supervisord", "supervisord"),
+    for marker, kind in (("trainpod-keeper", "keeper"), ("trainpod.job", "agent"),  # the job becomes the agent
+                         ("trainpod.agent", "agent"), ("torch.distributed.run", "agent"), ("trainpod.supervisord", "supervisord"),
                          ("trainpod.supervise", "policy"), ("-m trainpod run", "trainpod run")):
         if marker in cmdline:
             return kind

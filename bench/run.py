@@ -23,7 +23,7 @@
    first step at world 1, per backend (etcd-v3, etcd), `trainpod run` vs bare torchrun with the same rendezvous.
 10. Launch phases (bench/launch.py, on this host): a trivial 2-process job, `trainpod run` vs bare
    torchrun, alternating: when the agent starts, the workers start, rank 0 is ready, the group
-   finishes, the launcher exits.
+   finishes, the launcher exits; and the same job on the two compose nodes (2 x 2 processes).
 11. The restart round (bench/restart_round.py, on this host): both ranks of a 2-node c10d job exit at once;
    from their exit to the next attempt's ranks running, trainpod's agent vs torch's, alternating.
 """
@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 import examples  # bench/ is on the path: python3 bench/run.py
+import launch
 import launchers
 from hangs import report as hangs_report
 from recovery import report as recovery_report
@@ -162,6 +163,7 @@ def main() -> int:
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()
+        launch_2node = launch.measure_compose(exec_in, finish)
         tcp = [bench_tcp(29700)]
         allreduce = bench_allreduce(29600)
         tcp.append(bench_tcp(29701))
@@ -177,6 +179,7 @@ def main() -> int:
     print(f"  {'launch to first step (s)':28}{trainpod['to_first_step_s']:>14.2f}{bare['to_first_step_s']:>15.2f}"
           f"{trainpod['to_first_step_s'] / bare['to_first_step_s']:>8.3f}")
     print(f"  extra time to the first step: {trainpod['to_first_step_s'] - bare['to_first_step_s']:+.2f} s")
+    print("\n" + launch_2node)
 
     tcp_rate = statistics.median(tcp)
     print(f"\nbandwidth between the two compose nodes (raw TCP: median of {len(tcp)} streams of {TCP_MB} MiB)")

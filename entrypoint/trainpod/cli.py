@@ -252,7 +252,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
                        progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
                        hang_timeout=values.hang_timeout, warm_start=values.warm_start, recovery=values.recovery)
     if values.no_supervise:
-        job.run(spec)  # does not return: this process becomes torchrun's agent
+        job.run(spec)  # does not return: this process becomes torchrun's agent, and exits with its code
     if importlib.util.find_spec("supervisor") is None:
         raise ConfigError("supervisor is not installed in this Python: pip install supervisor, or run with --no-supervise")
     # The outer run: what could be checked without the network was (64/78 end above, never

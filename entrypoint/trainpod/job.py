@@ -1,13 +1,15 @@
 """The supervised job: `python -m trainpod.job`, the program supervisord runs and restarts.
 
     trainpod run (outer: flags, variables, topology; 64 and 78 end here, never supervised)
-      -> supervisord -> python -m trainpod.job (this module: preflight, then exec the agent)
+      -> supervisord -> python -m trainpod.job (this module: preflight, then the agent, in this process)
 
 The outer run hands over everything it resolved as a JobSpec (JSON in TRAINPOD_JOB_SPEC), so
 nothing is parsed twice. Here the preflight checks run (they wait for the master, so an
 unreachable one, 69, is retried by the supervisor), then this process becomes torchrun's agent
-with what is left of the restart budget. `trainpod run --no-supervise` calls run() in its own
-process instead.
+with what is left of the restart budget: it runs trainpod.agent's main() with the launch plan's
+arguments and environment, as `python -m trainpod.agent` would, without starting Python and
+importing trainpod a second time (an exec cost about 0.1 s of every start). `trainpod run
+--no-supervise` calls run() in its own process instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NoReturn
@@ -78,15 +81,17 @@ def gloo_fallback_note(topology: Topology, cuda: str | None) -> str | None:
 
 
 def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
-    """Preflight, then exec the agent (torchrun): this process becomes it. (The topology's warnings
-    were printed once, by the outer run.)"""
+    """Preflight, then this process becomes the agent (torchrun) and exits with its code. (The
+    topology's warnings were printed once, by the outer run.)"""
     say = log.writer(spec.topology.node_rank)
+    importing = _import_the_launcher()
     try:
         topology = run_preflight(spec.topology, env, connect_timeout=spec.connect_timeout, log=say, target=spec.target)
     except TrainpodError as error:
         # Said once, by the job; recorded as the job's end where retrying cannot help (64, 78).
         if error.exit_code != 69 and env.get(BUDGET_DIR):
             Budget(spec.max_restarts, spec.progress_window, env[BUDGET_DIR]).end(error.exit_code, "")
+        importing.join()  # an exit with the import half done could end in a crash rather than this code
         raise
     note = gloo_fallback_note(topology, devices.torch_cuda_version())
     if note:
@@ -106,7 +111,30 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     say(f"{topology.source}: {where}, {topology.nproc_per_node} process(es) per node, {meet}, "
         f"{topology.backend} over {topology.interface}")
     sys.stdout.flush()
-    os.execvpe(plan.argv[0], plan.argv, {**env, **plan.env, **extra})
+    importing.join()  # before the environment changes: glibc's getenv (torch's libraries) races setenv
+    os.environ.update({**env, **plan.env, **extra})  # the agent's, and through it the ranks'
+    from trainpod import agent
+
+    sys.exit(agent.main(plan.agent_args))
+
+
+def _import_the_launcher() -> threading.Thread:
+    """Import torch's launcher (about 0.8 s of a 2-core host) on a thread while the checks run: on a node
+    that waits for the master, the wait and the import overlap instead of adding up (torchrun, which
+    does not wait, imports first and then retries the master's store). A failed import is left to the
+    agent's own import, which raises it again in the main thread (Python forgets a failed module)."""
+
+    def load() -> None:
+        try:
+            import torch.distributed.run  # noqa: F401
+
+            import trainpod.agent  # noqa: F401
+        except BaseException:  # noqa: BLE001, S110 (raised again by the agent's import)
+            pass
+
+    thread = threading.Thread(target=load, name="trainpod-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def _generation(topology: Topology, timeout: float) -> tuple[Topology, dict[str, str]]:
@@ -128,7 +156,7 @@ def _generation(topology: Topology, timeout: float) -> tuple[Topology, dict[str,
 
 
 def main() -> int:
-    # supervisord's child, and (the setting survives exec) so is the agent: they die with supervisord.
+    # supervisord's child, and so is the agent it becomes: they die with supervisord.
     orphans.die_with_parent(orphans.PARENT_SIGNAL, supervisor_pid())
     text = os.environ.pop(SPEC_VAR, None)  # popped: the agent and the ranks need none of it
     if not text:

@@ -64,6 +64,11 @@ class LaunchPlan:
     def command_line(self) -> str:
         return shlex.join(self.argv)
 
+    @property
+    def agent_args(self) -> list[str]:
+        """torchrun's arguments: argv after `python -m trainpod.agent`."""
+        return self.argv[3:]
+
 
 def _no_proxy(env: Mapping[str, str], master_addr: str, more: Sequence[str] = ()) -> str:
     current = env.get("NO_PROXY", env.get("no_proxy", ""))

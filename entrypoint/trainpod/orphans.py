@@ -19,8 +19,11 @@ exec of a set-user-ID program). A parent can die before its child asks: each chi
 its parent is still the one that started it, right after asking.
 
 The ranks are started by torch's agent, which takes no pre-exec hook: the agent runs them through
-`python -m trainpod.orphans SIGNAL PARENT_PID -- COMMAND...`, which asks, checks, and execs the
-command (same pid, same command line afterwards; about 30 ms).
+`python -I -S -c 'from trainpod.orphans import main...' SIGNAL PARENT_PID -- COMMAND...` (wrap()), which
+asks, checks, and execs the command (same pid, same command line afterwards). `-I -S` skip the site
+packages' start-up hooks (.pth files), a third to two thirds of the wrapper's time: about 25 ms
+against 80 ms for `python -m trainpod.orphans` on the development host. Both forms take the same
+arguments.
 """
 
 from __future__ import annotations
@@ -50,8 +53,11 @@ def die_with_parent(sig: int = PARENT_SIGNAL, parent: int | None = None) -> bool
 
 
 def wrap(entrypoint: str, args: tuple, parent: int, sig: int = RANK_SIGNAL) -> tuple[str, tuple]:
-    """(entrypoint, args) that run `entrypoint args` as a child that dies with `parent`."""
-    return sys.executable, ("-m", "trainpod.orphans", signal.Signals(sig).name, str(parent), "--", entrypoint, *args)
+    """(entrypoint, args) that run `entrypoint args` as a child that dies with `parent`. The wrapper's
+    Python finds this package by its directory alone (-I -S: no site packages, no environment)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys; sys.path.insert(0, {root!r}); from trainpod.orphans import main; sys.exit(main(sys.argv[1:]))"
+    return sys.executable, ("-I", "-S", "-c", code, signal.Signals(sig).name, str(parent), "--", entrypoint, *args)
 
 
 def main(argv: list[str]) -> int:

@@ -30,6 +30,9 @@ PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_pro
 MIN_SHM_BYTES = 512 * 1024 * 1024
 PIP_NAMES = {"PIL": "Pillow", "etcd": "python-etcd"}  # import name -> what to pip install
 RETRY_INTERVAL_S = 1.0
+# A wait's first seconds retry faster: a master (or etcd, or a DNS name) that starts beside this node
+# comes up within seconds, and a second-long retry made every node of a job start up to 1 s after it.
+FAST_RETRY_S, FAST_RETRIES_FOR_S = 0.1, 10.0
 
 Log = Callable[[str], None]
 
@@ -106,9 +109,15 @@ def check_command(command: Sequence[str], env: Mapping[str, str]) -> None:
             raise UsageError(f"-- {program} {script}: no such file ({os.getcwd()})")
 
 
+def _pause(waited_s: float) -> float:
+    """How long a bounded wait sleeps before its next try, `waited_s` into it."""
+    return FAST_RETRY_S if waited_s < FAST_RETRIES_FOR_S else RETRY_INTERVAL_S
+
+
 def resolve_master(topology: Topology, timeout: float) -> str:
     """The master's IP. Waits for DNS: on Kubernetes a peer's name appears only once it starts."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     while True:
         try:
             return network.resolve(topology.master_addr)
@@ -118,7 +127,7 @@ def resolve_master(topology: Topology, timeout: float) -> str:
                     f"master address {topology.master_addr!r} ({topology.origins.get('master_addr', '?')}) "
                     f"did not resolve within {timeout:g}s: {error.strerror or error}"
                 ) from None
-            time.sleep(RETRY_INTERVAL_S)
+            time.sleep(_pause(time.monotonic() - start))
 
 
 def check_hostname(log: Log) -> None:
@@ -177,7 +186,8 @@ def proxy_summary(env: Mapping[str, str]) -> str:
 
 def wait_for_master(topology: Topology, master_ip: str, timeout: float, env: Mapping[str, str], log: Log) -> None:
     """On a worker node: wait, bounded, until the master's port accepts connections."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     log(f"waiting up to {timeout:g}s for the master at {master_ip}:{topology.master_port}")
     last_error = "no attempt"
     while True:
@@ -187,7 +197,8 @@ def wait_for_master(topology: Topology, master_ip: str, timeout: float, env: Map
                 return
         except OSError as error:
             last_error = error.strerror or str(error) or type(error).__name__
-        if time.monotonic() + RETRY_INTERVAL_S > deadline:
+        pause = _pause(time.monotonic() - start)
+        if time.monotonic() + pause > deadline:
             raise UnreachableError(
                 f"master {topology.master_addr}:{topology.master_port} (address from "
                 f"{topology.origins.get('master_addr', '?')}, port from {topology.origins.get('master_port', '?')}) "
@@ -195,7 +206,7 @@ def wait_for_master(topology: Topology, master_ip: str, timeout: float, env: Map
                 f"({topology.interface_reason}); last error: {last_error}; {proxy_summary(env)}; "
                 "check that node 0 is running and the port is open between the nodes"
             )
-        time.sleep(RETRY_INTERVAL_S)
+        time.sleep(pause)
 
 
 def check_etcd(topology: Topology, timeout: float, log: Log, probe_timeout: float = 5.0):
@@ -205,20 +216,22 @@ def check_etcd(topology: Topology, timeout: float, log: Log, probe_timeout: floa
 
     rdzv = topology.rdzv
     origin = topology.origins.get("rdzv_endpoint", "--rdzv-endpoint")
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     said = False
     while True:
         try:
             info = probe(rdzv.endpoint, timeout=max(0.5, min(probe_timeout, deadline - time.monotonic())))
             break
         except EtcdUnreachableError as error:
-            if time.monotonic() + RETRY_INTERVAL_S > deadline:
+            pause = _pause(time.monotonic() - start)
+            if time.monotonic() + pause > deadline:
                 raise UnreachableError(f"etcd at {rdzv.endpoint} ({origin}) did not answer within {timeout:g}s "
                                        f"(--connect-timeout): {error}; tried {rdzv.endpoint}") from None
             if not said:
                 log(f"waiting up to {timeout:g}s for etcd at {rdzv.endpoint} ({error})")
                 said = True
-            time.sleep(RETRY_INTERVAL_S)
+            time.sleep(pause)
     if rdzv.backend == "etcd" and not info.v2_enabled:
         raise ConfigError(
             f"etcd at {info.endpoint} ({origin}, etcd {info.version}) does not serve the v2 API that torch's etcd rendezvous "

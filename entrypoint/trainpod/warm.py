@@ -48,11 +48,12 @@ from trainpod.settings import IN_PROCESS, RECOVERY
 START_METHOD = "forkserver"  # torchrun's --start-method for function entrypoints
 EXAMPLES_PACKAGE = "trainpod.examples."
 # Imported by the server for every job: torch, what a DDP rank imports later on (torch.distributed.tensor
-# and torch._dynamo: 1.1 s of CPU per rank on this host), and what the agent's module imports (each
-# forked rank prepares as multiprocessing's children do, running the parent's __main__ module,
-# trainpod.agent, which must not be imported already: runpy would warn).
+# and torch._dynamo: 1.1 s of CPU per rank on this host), and what the agent's main module imports (each
+# forked rank prepares as multiprocessing's children do, running the parent's __main__ module, trainpod.job,
+# which becomes the agent and must not be imported already: runpy would warn).
 PRELOAD = ("trainpod.warm_server", "torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "numpy.random",
-           "trainpod.agent_policy", "trainpod.hangwatch")
+           "trainpod.agent_policy", "trainpod.hangwatch", "trainpod.launch", "trainpod.preflight", "trainpod.supervise",
+           "trainpod.devices")
 # What stops a job, which the server ignores (trainpod.warm_server) and run_rank gives back to the ranks.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _PYTHON = re.compile(r"python[0-9.]*")

@@ -62,3 +62,19 @@ def test_an_elastic_etcd_spec_round_trips_through_json():
     spec = JobSpec(topology=topology, target=Target(command=("x",)), connect_timeout=5.0, term_grace=25.0, max_restarts=3)
     again = JobSpec.from_json(spec.to_json())
     assert again == spec and again.topology.rdzv.elastic and again.topology.node_rank is None
+
+
+def test_the_launcher_is_imported_beside_the_checks_and_a_failed_import_is_left_to_the_agent():
+    """trainpod.job imports torch's launcher on a thread while the preflight waits for the master."""
+    check = ("import sys; from trainpod import job; thread = job._import_the_launcher(); assert thread.daemon; thread.join(120); "
+             "print('torch.distributed.run' in sys.modules, 'trainpod.agent' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", check], env={**os.environ, "PYTHONPATH": ENTRYPOINT},
+                            capture_output=True, text=True, timeout=180)
+    assert (result.returncode, result.stdout) == (0, "True True\n"), result.stderr
+    # torch missing (shadowed by a package that fails): the thread swallows it, the main thread's import raises it
+    broken = ("import sys; sys.modules['torch'] = None; from trainpod import job; job._import_the_launcher().join(60); "
+              "import torch.distributed.run")
+    result = subprocess.run([sys.executable, "-c", broken], env={**os.environ, "PYTHONPATH": ENTRYPOINT},
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("ModuleNotFoundError"), result.stderr
+    assert result.stderr.count("Traceback") == 1  # the main thread's, not the import thread's

@@ -14,6 +14,7 @@ def test_torchrun_arguments():
     plan = build_plan(TOPOLOGY, Target.for_example("cifar10-ddp"), {}, cpus=4)
     argv = plan.argv
     assert argv[1:3] == ["-m", "trainpod.agent"]
+    assert plan.agent_args == argv[3:] and plan.agent_args[:2] == ["--nnodes", "2"]  # what trainpod.job hands the agent
     joined = " ".join(argv)
     for part in ("--nnodes 2", "--nproc-per-node 2", "--rdzv-backend c10d", "--rdzv-endpoint 10.0.0.2:29877",
                  "--rdzv-conf is_host=false,join_timeout=300", "--local-addr 10.0.0.3", "--max-restarts 0",

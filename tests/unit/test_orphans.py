@@ -17,7 +17,8 @@ ENV = {**os.environ, "PYTHONPATH": ENTRYPOINT}
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
-# A parent that starts `python -m trainpod.orphans KILL <its pid> -- sleep 300`, prints the child's pid, and waits.
+# A parent that starts `sleep 300` wrapped (orphans.wrap: `python -I -S -c ... KILL <its pid> -- sleep 300`),
+# prints the child's pid, and waits.
 PARENT = textwrap.dedent("""
     import os, subprocess, sys, time
     from trainpod import orphans
@@ -62,4 +63,11 @@ def test_usage_and_a_missing_command():
 def test_wrap_keeps_the_command_after_the_separator():
     entrypoint, args = orphans.wrap("python", ("-u", "-m", "mod", "--x"), 42)
     assert entrypoint == sys.executable
-    assert args == ("-m", "trainpod.orphans", "SIGKILL", "42", "--", "python", "-u", "-m", "mod", "--x")
+    assert args[:3] == ("-I", "-S", "-c")
+    assert args[4:] == ("SIGKILL", "42", "--", "python", "-u", "-m", "mod", "--x")
+
+
+def test_the_wrapper_finds_this_package_without_site_packages_or_the_environment():
+    entrypoint, args = orphans.wrap("echo", ("ran",), os.getpid())
+    result = subprocess.run([entrypoint, *args], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "ran\n", "")

@@ -183,3 +183,7 @@ def test_an_unreachable_etcd_is_a_bounded_wait_then_69_naming_the_endpoints():
     assert time.monotonic() - started < 6
     line = str(caught.value)
     assert "\n" not in line and all(e in line for e in endpoints.split(",")) and "--connect-timeout" in line
+
+
+def test_a_wait_retries_every_tenth_of_a_second_at_first_then_once_a_second():
+    assert [preflight._pause(s) for s in (0.0, 9.9, 10.0, 250.0)] == [0.1, 0.1, 1.0, 1.0]

@@ -25,13 +25,11 @@ TLS and etcd's authentication are not supported: an `https://` endpoint is refus
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import socket
 import threading
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -128,6 +126,11 @@ class EtcdClient:
         return self.endpoints[self._current]
 
     def _once(self, endpoint: str, path: str, body: Optional[dict]) -> tuple[int, bytes]:
+        # Imported here: http.client, email and ssl are a third of `trainpod run`'s own start-up, and the
+        # outer run imports this module (for parse_endpoints) whether or not the job uses etcd.
+        import http.client
+        import urllib.request
+
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"http://{endpoint}{path}", data=data, method="GET" if body is None else "POST",
                                          headers={"Content-Type": "application/json"})
