@@ -7,8 +7,8 @@ process when its parent dies; each level asks for it (prctl through ctypes: no d
 
     trainpod run (outer)
       supervisord         SIGTERM: it stops the job as it does on `docker stop`   (run_supervised)
-        job -> agent      SIGTERM: the agent stops the ranks (grace, then SIGKILL) (trainpod.job;
-                                   the setting survives the exec of the agent)
+        job = agent       SIGTERM: the agent stops the ranks (grace, then SIGKILL) (trainpod.job,
+                                   which becomes the agent in the same process)
         policy listener   SIGTERM                                                   (trainpod.supervise)
           ranks           SIGKILL: only fires if the agent died without stopping them, and then
                                    nothing else would ever stop them          (`python -m trainpod.orphans`)

@@ -66,7 +66,7 @@ def sigterm_after_a_checkpoint(out: Path, *extra: str) -> int:
         assert process.poll() is None and time.monotonic() < deadline, (out / "log").read_text()[-4000:]
         time.sleep(0.05)
     signalled = time.monotonic()
-    process.send_signal(signal.SIGTERM)  # `trainpod run` exec'd the agent: this pid is torchrun's agent
+    process.send_signal(signal.SIGTERM)  # `trainpod run` became the agent: this pid is torchrun's agent
     log = wait(process, out, GRACE_S + 30)
     elapsed = time.monotonic() - signalled
 
