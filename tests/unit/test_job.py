@@ -71,7 +71,7 @@ def test_the_launcher_is_imported_beside_the_checks_and_a_failed_import_is_left_
     result = subprocess.run([sys.executable, "-c", check], env={**os.environ, "PYTHONPATH": ENTRYPOINT},
                             capture_output=True, text=True, timeout=180)
     assert (result.returncode, result.stdout) == (0, "True True\n"), result.stderr
-    # torch missing (shadowed by a package that fails): the thread swallows it, the main thread's import raises it
+    # torch made unimportable (sys.modules['torch'] = None): the thread swallows it, the main thread's import raises it
     broken = ("import sys; sys.modules['torch'] = None; from trainpod import job; job._import_the_launcher().join(60); "
               "import torch.distributed.run")
     result = subprocess.run([sys.executable, "-c", broken], env={**os.environ, "PYTHONPATH": ENTRYPOINT},

@@ -198,3 +198,6 @@ class SSHJob(Scheduler):
 
         log_dir = Path(self.options.log_dir or Path("trainpod-logs") / self.request.name)
         return asyncio.run(Launch(self, log_dir).run())
+
+
+__all__ = ["HostList", "SSHJob", "Target", "parse_target"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError, error_for
-from trainpod.jobs.ssh import PID_TAG, HostList, SSHJob, Target, parse_target
+from trainpod.jobs.ssh import PID_TAG, SSHJob, Target
 
 
 class HostError(TrainpodError):
@@ -198,5 +198,3 @@ class Launch:
         self.say(f"the job finished on every host in {time.monotonic() - started:.1f} s")
         return 0
 
-
-__all__ = ["HostList", "SSHJob", "Target", "parse_target"]
