@@ -16,10 +16,12 @@ still alive see their collective fail; a script that uses this module then does 
         except RuntimeError as error:                # a collective failed: a peer may have died
             inprocess.recover(error)                 # re-raises it unless a replacement is coming
 
-recover() tears the broken group down, waits (RECOVERY_WAIT_S at most) for the keeper of the dead
-rank to count the next generation, and joins that generation's group together with the
-replacement (REFORM_TIMEOUT_S at most). train() then restores the state: HostCopy keeps the last
-checkpoint in this process's memory, and the replacement loads the same checkpoint from disk.
+recover() first shuts down this rank's connections in the broken group, so that every peer's pending
+collective with it fails at once, then leaves the group (without freeing it: _broken), waits
+(RECOVERY_WAIT_S at most) for the keeper of the dead rank to count the next generation, and joins
+that generation's group together with the replacement (REFORM_TIMEOUT_S at most). train() then
+restores the state: HostCopy keeps the last checkpoint in this process's memory, and the
+replacement loads the same checkpoint from disk.
 Anything else (no keeper, no new generation because the error was no peer's death, a group that
 does not re-form) re-raises the original error: the rank exits, and the agent restarts the whole
 worker group from the checkpoint on disk, as without in-process recovery.
@@ -30,11 +32,14 @@ killed rank end as it would without one, and the agent restarts the group.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
+import socket
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -45,6 +50,12 @@ REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacem
 _POLL_S = 0.005
 
 _declared: Any = None  # set by trainpod.keeper in the forked rank: a shared byte the rank sets to say it recovers
+_links: list[tuple[int, int]] = []  # (fd, socket inode) of this rank's connections to its group's peers
+# The groups given up on, kept from being freed: freeing a gloo group joins its threads, and one that
+# still has a collective's tensors to free needs the GIL, which the freeing thread holds (a hang seen
+# under load, trainpod.distributed.shutdown). Their connections are shut down (_disconnect); their
+# threads stay, idle: two per recovery.
+_broken: list[Any] = []
 
 
 def enabled() -> bool:
@@ -68,7 +79,8 @@ def init_process_group(backend: str, device_id=None) -> None:
     if _declared is not None:
         _declared[0] = 1
     if generation() == 0:
-        dist.init_process_group(backend, device_id=device_id)  # env://: the keeper made every rank a store client
+        with _recording():
+            dist.init_process_group(backend, device_id=device_id)  # env://: the keeper made every rank a store client
     else:
         _join(generation(), backend, device_id)
 
@@ -83,6 +95,9 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
     if not enabled():
         raise error
     backend = backend or (dist.get_backend() if dist.is_initialized() else "gloo")
+    _disconnect()
+    if dist.is_initialized():
+        _broken.append(dist.group.WORLD)  # never freed: see _broken
     distributed.shutdown(barrier=False)
     _release(error)
     current, deadline = generation(), time.monotonic() + RECOVERY_WAIT_S
@@ -107,11 +122,56 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
     return newest
 
 
+def _disconnect() -> None:
+    """Shut down this rank's connections in its group. A peer's collective that waits on this rank then
+    fails at once, as does any of this rank's own still running on gloo's threads: no rank waits for the
+    group's timeout (60 s after a first recovery) to learn that the group is given up."""
+    current = _sockets()
+    for fd, inode in _links:
+        if current.get(fd) != inode:
+            continue  # closed already (the number may be another socket's now)
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as link:
+            link.shutdown(socket.SHUT_RDWR)  # the socket, not this descriptor: gloo's own one sees it too
+    _links.clear()
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[None]:
+    """Keep the TCP connections that the group made while this block ran (not the store's: MASTER_PORT)."""
+    before = set(_sockets().values())
+    yield
+    store_port = int(os.environ.get("MASTER_PORT", "0") or 0)
+    _links[:] = [(fd, inode) for fd, inode in _sockets().items() if inode not in before and _is_link(fd, store_port)]
+
+
+def _sockets() -> dict[int, int]:
+    """This process's sockets: fd -> inode."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if target.startswith("socket:["):
+                    found[int(name)] = int(target[len("socket:["):-1])
+    return found
+
+
+def _is_link(fd: int, store_port: int) -> bool:
+    """Whether `fd` is a connected TCP socket that is neither end of a store connection (a listener, a
+    Unix socket, the store are not)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as link:
+            if link.family not in (socket.AF_INET, socket.AF_INET6) or link.type != socket.SOCK_STREAM:
+                return False
+            return store_port not in (link.getpeername()[1], link.getsockname()[1])
+    except OSError:
+        return False
+
+
 def _release(error: BaseException) -> None:
-    """Free the broken group now: clear the failed step's frames (a DDP model, the collective's work: they
-    hold the group) and collect them. Only a freed gloo group closes its connections, and until they
-    close, a rank blocked on this one (not on the dead rank) never learns of the failure. Destroying the
-    group does not close them, nor does aborting it (torch 2.13)."""
+    """Free what the failed step held: clear its frames (a DDP model, the collective's work) and collect
+    them. (Neither destroying nor aborting a gloo group closes its connections in torch 2.13, and freeing
+    it would: _disconnect shuts them down instead, and the group itself is kept, _broken.)"""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -140,9 +200,10 @@ def _join(number: int, backend: str, device_id, store=None) -> None:
 
     store = store if store is not None else _store(REFORM_TIMEOUT_S)
     store.set_timeout(timedelta(seconds=REFORM_TIMEOUT_S))
-    dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store),
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
+    with _recording():
+        dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
 
 
 class HostCopy:

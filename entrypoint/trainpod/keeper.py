@@ -16,9 +16,13 @@ group, or stops) when:
 - this rank was already replaced TRAINPOD_INPROCESS_MAX times (the agent's --max-restarts): a rank
   that keeps dying is the agent's restart budget's to judge.
 
-The workers' store (MASTER_ADDR:MASTER_PORT, where env:// ranks meet) is hosted by global rank 0's
-keeper rather than by rank 0 itself, so that it outlives any rank: every rank is its client
-(TORCHELASTIC_USE_AGENT_STORE). Each worker group the agent starts has new keepers and a new store.
+The workers' store (MASTER_ADDR:MASTER_PORT, where env:// ranks meet) is hosted by a child of global
+rank 0's keeper (`ps`: store0) rather than by rank 0 itself, so that it outlives any rank: every
+rank is its client (TORCHELASTIC_USE_AGENT_STORE). Not by the keeper itself: a store serves on a
+thread of its own, and a process with a second thread must not fork (the child gets a copy of
+every lock that thread held at that moment, and a replacement that needed one would hang for good).
+The store's process ignores the stop signals and ends with the keeper. Each worker group the agent
+starts has new keepers and a new store.
 """
 
 from __future__ import annotations
@@ -47,11 +51,13 @@ def replaces(signalled: int | None, declared: bool, left: int) -> bool:
 def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> None:
     """Run `run` (the rank) in a forked child, and again in a new child each time `replaces` says so;
     then end as the last child ended (return for 0, SystemExit for a code, the same signal)."""
-    store = _host_store() if rank == 0 else None
+    keeper = os.getpid()
+    if rank == 0:
+        _fork_store(keeper, name)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// in the ranks: a client of the store, never its host
     declared = mmap.mmap(-1, 1)  # shared with the forked ranks: set by inprocess.init_process_group()
     left = int(os.environ.get(MAX_VAR, "3") or 0)
-    keeper = os.getpid()
+    store = None
     child = 0
 
     def forward(sig, _frame) -> None:
@@ -71,7 +77,7 @@ def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> Non
         try:
             store = store if store is not None else _client()
             generation = int(store.add(inprocess.GENERATION_KEY, 1))
-        except (RuntimeError, OSError) as error:  # rank 0's keeper, and its store, are gone: nothing to re-form
+        except (RuntimeError, OSError) as error:  # the store went with rank 0's keeper (its node): nothing to re-form
             print(f"trainpod: rank {rank} (pid {child}) was killed by {signal.Signals(signalled).name}; not replaced "
                   f"in-process: the workers' store at {_address()} does not answer ({type(error).__name__})",
                   file=sys.stderr, flush=True)
@@ -90,14 +96,22 @@ def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> Non
 def rank_pid(pid: int) -> int:
     """The pid of the rank that `pid` keeps, when `pid` is a keeper (by its name keeper<R>); else `pid`."""
     try:
-        with open(f"/proc/{pid}/comm") as comm:
-            if not comm.read().startswith("keeper"):
-                return pid
+        if not _name(pid).startswith("keeper"):
+            return pid
         with open(f"/proc/{pid}/task/{pid}/children") as children:
-            found = children.read().split()
+            found = [int(child) for child in children.read().split()]
     except OSError:
         return pid
-    return int(found[0]) if found else pid
+    ranks = [child for child in found if not _name(child).startswith("store")]  # rank 0's keeper has its store too
+    return ranks[0] if ranks else pid
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
 
 
 def _fork(run: Callable[[], None], generation: int, declared: mmap.mmap) -> int:
@@ -141,6 +155,44 @@ def _wait(pid: int) -> tuple[int | None, int]:
 
 def _address() -> str:
     return f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+
+
+def _fork_store(keeper: int, name: Callable[[str], None]) -> int:
+    """Fork the process that hosts the workers' store and return its pid once the store listens; raise
+    RuntimeError with the store's own error when it could not (the port is taken)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(writable)
+        with os.fdopen(readable, "rb") as answer:
+            said = answer.read()  # b"" once it listens (the end closed with nothing said), else its error
+        if said or not _alive(pid):
+            raise RuntimeError(f"the workers' store at {_address()} did not start: {said.decode(errors='replace') or 'it died'}")
+        return pid
+    os.close(readable)
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)  # the ranks may use it until they end: it ends with the keeper
+        orphans.die_with_parent(signal.SIGKILL, keeper)
+        name("store0")
+        store = _host_store()  # noqa: F841 (it serves while this process lives)
+        os.close(writable)
+        while True:
+            signal.pause()
+    except BaseException as error:  # noqa: BLE001 (any: said to the keeper, which raises it)
+        with contextlib.suppress(OSError):
+            os.write(writable, f"{type(error).__name__}: {error}".encode()[:2000])
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
 
 
 def _host_store():

@@ -169,19 +169,24 @@ def _events(stdin, stdout):
         stdout.flush()
 
 
-def listen(workdir: Path, policy: Policy, node_rank: str) -> None:
+def _rpc(workdir: Path):
+    """supervisord's XML-RPC interface, over its socket in `workdir`."""
     import xmlrpc.client
 
     from supervisor.xmlrpc import SupervisorTransport  # only inside the image's supervisord
 
     socket_url = f"unix://{workdir / 'supervisor.sock'}"
-    rpc = xmlrpc.client.ServerProxy("http://localhost", transport=SupervisorTransport(None, None, socket_url))
-    budget = policy.budget(workdir)
+    return xmlrpc.client.ServerProxy("http://localhost", transport=SupervisorTransport(None, None, socket_url))
 
+
+def listen(workdir: Path, policy: Policy, node_rank: str) -> None:
+    budget = policy.budget(workdir)
     say = log.writer(node_rank)
+    rpc = None  # made at the job's first exit: its imports would compete with the job's launch for the CPU
     for name, fields in _events(sys.stdin, sys.stdout):
         if name != "PROCESS_STATE_EXITED" or fields.get("processname") != PROGRAM:
             continue
+        rpc = rpc or _rpc(workdir)
         if rpc.supervisor.getState()["statename"] != "RUNNING":
             continue  # supervisord is shutting down (a signal): run_supervised reports it
         info = rpc.supervisor.getProcessInfo(PROGRAM)

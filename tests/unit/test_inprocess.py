@@ -1,6 +1,9 @@
 """trainpod.inprocess: the rank's side of in-process recovery (the whole path runs in
 tests/integration/test_inprocess_recovery.py)."""
 
+import socket
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -45,3 +48,50 @@ def test_the_host_copy_is_a_copy_and_what_it_restores_is_another():
                            optimizer.state[model.weight]["momentum_buffer"])  # the copy is untouched
     assert copy.step == 5 and restored["loss_curve"] == [[5, 1.0]]
     assert restored["loss_curve"] is not copy.state["loss_curve"]
+
+
+def test_the_group_s_connections_are_kept_and_shut_down_so_that_both_ends_see_it_at_once(monkeypatch):
+    server = socket.create_server(("127.0.0.1", 0))
+    store = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setenv("MASTER_PORT", str(store.getsockname()[1]))
+    earlier = socket.create_connection(server.getsockname())  # not the group's: made before it
+    with inprocess._recording():
+        link = socket.create_connection(server.getsockname())  # a peer of the group
+        to_store = socket.create_connection(store.getsockname())  # the store's
+        listener = socket.create_server(("127.0.0.1", 0))
+        local_a, local_b = socket.socketpair()
+    kept = [fd for fd, _ in inprocess._links]
+    assert kept == [link.fileno()], (kept, link.fileno(), to_store.fileno(), listener.fileno(), local_a.fileno())
+
+    ends = dict((address, end) for end, address in (server.accept(), server.accept()))
+    peer = ends[link.getsockname()]  # the server's end of `link`
+    received: list = []
+    waiting = threading.Thread(target=lambda: received.append(link.recv(1)))  # as a gloo thread waits on a peer
+    waiting.start()
+    inprocess._disconnect()
+    waiting.join(timeout=5)
+    assert received == [b""] and not waiting.is_alive()  # this rank's own waits end
+    peer.settimeout(5)
+    assert peer.recv(1) == b""  # and the peer's: it fails its collective now, not at the group's timeout
+    assert inprocess._links == []
+    link.close()  # the descriptor itself stays this process's to close
+    for each in (earlier, to_store, listener, local_a, local_b, *ends.values(), server, store):
+        each.close()
+
+
+def test_a_connection_closed_and_its_number_reused_is_left_alone(monkeypatch):
+    monkeypatch.setenv("MASTER_PORT", "1")
+    server = socket.create_server(("127.0.0.1", 0))
+    with inprocess._recording():
+        link = socket.create_connection(server.getsockname())
+    number = link.fileno()
+    link.close()
+    other = socket.create_connection(server.getsockname())  # likely the same number, another socket
+    inprocess._disconnect()
+    peer, _ = server.accept()
+    peer2, _ = server.accept()
+    other.sendall(b"x")
+    peer2.settimeout(5)
+    assert peer2.recv(1) == b"x", number  # still connected
+    for each in (other, peer, peer2, server):
+        each.close()

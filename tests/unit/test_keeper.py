@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trainpod import keeper
@@ -39,8 +40,8 @@ KEEPER = textwrap.dedent("""
 
     def rank():
         generation = inprocess.generation()
-        with open(out / "ranks", "a") as f:
-            f.write(f"{generation} {os.getpid()} {os.getppid()}\\n")
+        with open(out / "ranks", "a") as f:  # and the threads its keeper had when it forked this rank
+            f.write(f"{generation} {os.getpid()} {os.getppid()} {len(os.listdir(f'/proc/{os.getppid()}/task'))}\\n")
         if behaviour != "undeclared":
             inprocess._declared[0] = 1  # what inprocess.init_process_group() does
         if behaviour == "sleep":
@@ -51,7 +52,12 @@ KEEPER = textwrap.dedent("""
         if behaviour == "always" or generation == 0:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    keeper.keep(rank, int(os.environ.get("KEEPER_RANK", "0")), lambda title: (out / "title").write_text(title))
+    def name(title):
+        (out / "title").write_text(title)
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(title)
+
+    keeper.keep(rank, int(os.environ.get("KEEPER_RANK", "0")), name)
 """)
 
 
@@ -81,6 +87,29 @@ def test_a_killed_rank_is_forked_again_in_the_next_generation_and_the_keeper_end
     assert "trainpod: rank 0 (pid" in err and "was killed by SIGKILL: its replacement joins the other ranks in-process " \
         "(generation 1, 2 replacement(s) left)" in err
     assert (tmp_path / "title").read_text() == "keeper0"
+
+
+def test_rank_0s_keeper_forks_with_one_thread_and_its_store_serves_from_a_child_that_ends_with_it(tmp_path):
+    # A TCPStore serves on a thread of its own. A keeper with that thread could fork a replacement that
+    # holds a copy of a lock the thread held (one hung in about 15 compose runs): the store is a child.
+    process = run_keeper(tmp_path, "sleep", start_only=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    _, rank, parent, threads = (tmp_path / "ranks").read_text().split()
+    assert (int(parent), threads) == (process.pid, "1")
+    children = {child.pid: child for child in psutil.Process(process.pid).children()}
+    store = [child for pid, child in children.items() if pid != int(rank)]
+    assert sorted(children) == sorted([int(rank), store[0].pid]) and store[0].name() == "store0"
+    assert keeper.rank_pid(process.pid) == int(rank)  # the rank, not the store (the hang watch reads its stack)
+    assert store[0].num_threads() > 1  # it serves
+    store[0].send_signal(signal.SIGTERM)  # ignored: the ranks may use the store until they end
+    time.sleep(0.3)
+    assert store[0].is_running() and store[0].status() != psutil.STATUS_ZOMBIE
+    process.kill()
+    process.wait(timeout=30)
+    store[0].wait(timeout=10)  # gone with its keeper
 
 
 def test_replacements_stop_at_the_limit_and_the_keeper_dies_by_the_ranks_signal(tmp_path):
