@@ -1,8 +1,13 @@
 """trainpod.inprocess: the rank's side of in-process recovery (the whole path runs in
 tests/integration/test_inprocess_recovery.py)."""
 
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +100,42 @@ def test_a_connection_closed_and_its_number_reused_is_left_alone(monkeypatch):
     assert peer2.recv(1) == b"x", number  # still connected
     for each in (other, peer, peer2, server):
         each.close()
+
+
+RECOVER = textwrap.dedent("""
+    import gc, os, sys, weakref
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from trainpod import inprocess
+
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=10))  # the keeper's store (trainpod.keeper)
+    inprocess.init_process_group("gloo")
+    broken = dist.group.WORLD
+    gone = weakref.ref(broken)
+    del broken
+    store.add(inprocess.GENERATION_KEY, 1)  # what the dead rank's keeper does
+    assert inprocess.recover(RuntimeError("Connection closed by peer")) == 1
+    gc.collect()
+    assert gone() is not None and gone() in inprocess._broken and dist.group.WORLD is not gone()
+    total = torch.ones(2)
+    dist.all_reduce(total)  # the new generation's group works
+    print("generation", inprocess.generation(), total.tolist())
+""")
+
+
+def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tmp_path):
+    # Freeing a gloo group joins its threads; one with tensors left to free needs the GIL that the
+    # freeing thread holds. The group is kept instead, its connections shut down (_disconnect).
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
+           inprocess.GENERATION_VAR: "0"}
+    done = subprocess.run([sys.executable, "-c", RECOVER], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "generation 1 [1.0, 1.0]" in done.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
