@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fixtures.etcd import free_port  # noqa: E402
 from trainpod import inprocess  # noqa: E402
 
 
@@ -133,9 +134,3 @@ def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tm
     done = subprocess.run([sys.executable, "-c", RECOVER], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "generation 1 [1.0, 1.0]" in done.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -79,6 +79,16 @@ def run_keeper(tmp_path, behaviour, limit="3", start_only=False, rank=0):
     return process.returncode, err, ranks
 
 
+def sleeping_keeper(tmp_path) -> subprocess.Popen:
+    """A keeper whose rank sleeps, once the rank runs."""
+    process = run_keeper(tmp_path, "sleep", start_only=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    return process
+
+
 def test_a_killed_rank_is_forked_again_in_the_next_generation_and_the_keeper_ends_as_it_did(tmp_path):
     code, err, ranks = run_keeper(tmp_path, "once")
     assert code == 0, err
@@ -91,12 +101,8 @@ def test_a_killed_rank_is_forked_again_in_the_next_generation_and_the_keeper_end
 
 def test_rank_0s_keeper_forks_with_one_thread_and_its_store_serves_from_a_child_that_ends_with_it(tmp_path):
     # A TCPStore serves on a thread of its own. A keeper with that thread could fork a replacement that
-    # holds a copy of a lock the thread held (one hung in about 15 compose runs): the store is a child.
-    process = run_keeper(tmp_path, "sleep", start_only=True)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "ready").exists():
-        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
-        time.sleep(0.05)
+    # holds a copy of a lock the thread held, and hangs: the store is a child.
+    process = sleeping_keeper(tmp_path)
     _, rank, parent, threads = (tmp_path / "ranks").read_text().split()
     assert (int(parent), threads) == (process.pid, "1")
     children = {child.pid: child for child in psutil.Process(process.pid).children()}
@@ -127,11 +133,7 @@ def test_a_rank_that_cannot_recover_or_exits_with_a_code_is_not_replaced(tmp_pat
 
 
 def test_a_stop_request_reaches_the_rank_and_ends_both(tmp_path):
-    process = run_keeper(tmp_path, "sleep", start_only=True)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "ready").exists():
-        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
-        time.sleep(0.05)
+    process = sleeping_keeper(tmp_path)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == -signal.SIGTERM
     assert len((tmp_path / "ranks").read_text().splitlines()) == 1  # not replaced
