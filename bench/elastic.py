@@ -33,7 +33,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "entrypoint")]
 
 from fixtures.elastic_host import clean_env, scale_down, scale_up, torchrun_argv, trainpod_argv  # noqa: E402
-from fixtures.etcd import EtcdProcess, free_port  # noqa: E402
+from fixtures.etcd import EtcdProcess  # noqa: E402
+from fixtures.ports import free_port  # noqa: E402
 from trainpod.resolve import ELASTIC_CONF, ETCD_V2_CONF  # noqa: E402
 
 TIMEOUT_S = 300

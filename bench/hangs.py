@@ -26,7 +26,6 @@ import os
 import re
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,10 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 ENTRYPOINT = HERE.parent / "entrypoint"
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from fixtures.ports import free_port  # noqa: E402
+
 HANG_JOB = HERE.parent / "tests" / "integration" / "hangs" / "hang_job.py"
 TIMEOUT_S = 10
 MARK = re.compile(r"hang-job: rank \d+ hang starts.* at ([0-9.]+)")
@@ -47,11 +50,6 @@ HANG_LINE = re.compile(r"\] trainpod: hang: ")
 EXAMPLE = ["--epochs", "100", "--max-steps", "200", "--synthetic-samples", "8192", "--batch-size", "64", "--log-every", "50"]
 STOP_ARGS = ["--epochs", "100", "--synthetic-samples", "4096", "--batch-size", "32", "--log-every", "5"]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def environment(**extra: str) -> dict[str, str]:

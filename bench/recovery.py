@@ -29,7 +29,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,10 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 ENTRYPOINT = HERE.parent / "entrypoint"
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from fixtures.ports import free_port  # noqa: E402
+
 ROUNDS = 3
 SEED = 3  # 3 rounds: kills after checkpoints 40, 80, 120, of ranks 0, 1, 0
 NPROC = 2
@@ -76,11 +79,6 @@ def _create_time_offset() -> float:
 
 CREATE_TO_MONO = 0.0  # set by bench()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def command(variant: str, port: int, out: Path) -> list[str]:

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,10 @@ import time
 from pathlib import Path
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[1] / "entrypoint")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fixtures.ports import free_port  # noqa: E402
+
 SCRIPT = """
 import os, sys, time
 attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
@@ -44,11 +47,6 @@ LINE = re.compile(r"bench-round: attempt (\d) rank (\d) (up|exit) ([0-9.]+)")
 START_S = 15.0  # both agents up, met and their first ranks running by then, on a busy 2-core host
 TIMEOUT_S = 120
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_once(variant: str, script: Path) -> dict[str, float]:

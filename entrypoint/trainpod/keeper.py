@@ -53,7 +53,11 @@ def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> Non
     then end as the last child ended (return for 0, SystemExit for a code, the same signal)."""
     keeper = os.getpid()
     if rank == 0:
-        _fork_store(keeper, name)
+        try:
+            _fork_store(keeper, name)
+        except RuntimeError as error:  # one line, not the launcher's traceback; not deterministic (a port taken
+            print(f"trainpod: rank 0: {error}", file=sys.stderr, flush=True)  # meanwhile): the agent may retry
+            raise SystemExit(1) from None
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// in the ranks: a client of the store, never its host
     declared = mmap.mmap(-1, 1)  # shared with the forked ranks: set by inprocess.init_process_group()
     left = int(os.environ.get(MAX_VAR, "3") or 0)

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +11,13 @@ import pytest
 
 pytest.importorskip("torch")
 
+from fixtures.ports import free_port
 from trainpod.examples.reporting import summary  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "entrypoint"
 TIMEOUT_S = 180
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_cifar10(output_dir: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:

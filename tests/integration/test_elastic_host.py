@@ -22,7 +22,7 @@ import time
 import pytest
 
 from fixtures.elastic_host import STEPS, Node, clean_env, first_to_print, scale_down, trainpod_argv
-from fixtures.etcd import free_port
+from fixtures.ports import free_port
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")

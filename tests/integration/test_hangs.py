@@ -16,7 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_resume import COMMON, ENTRYPOINT, JOBS, free_port, ranks_of
+from test_resume import COMMON, ENTRYPOINT, JOBS, ranks_of
+
+from fixtures.ports import free_port
 
 pytestmark = [pytest.mark.slow]
 

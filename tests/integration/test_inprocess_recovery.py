@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from fixtures.ports import free_port
 
 pytest.importorskip("torch")
 
@@ -25,11 +26,6 @@ KILL_AT = 20  # a checkpoint's step: the kill follows its log line, maybe before
 STEP = re.compile(r"\] epoch \d+/\d+ step (\d+)/")
 GROUP_RESTART = "restarting the worker group"
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(out: Path, *flags: str, nproc: int = 2, **env: str) -> subprocess.Popen:

@@ -6,7 +6,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,17 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.ports import free_port
 from fixtures.processes import wait_logged
 
 pytest.importorskip("torch")
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def environment(**extra):

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fixtures.ports import free_port
 from trainpod.examples import EXAMPLES
 
 pytestmark = [pytest.mark.slow]
@@ -31,11 +31,6 @@ JOBS = {
 }
 COMMON = ["--checkpoint-every", "4", "--log-every", "4"]
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(example: str, out: Path, *extra: str) -> subprocess.Popen:

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.ports import free_port
 from fixtures.processes import wait_logged
 
 pytestmark = [pytest.mark.slow]
@@ -28,11 +28,6 @@ STEPS = 32  # 2 epochs of 1024 / (2 ranks x 32)
 GRACE_S = 25  # trainpod run's default --term-grace
 STOPPED = re.compile(r"cifar10-ddp: stopped by SIGTERM at step (\d+); checkpoint of step (\d+) saved$", re.M)
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(out: Path, *extra: str) -> subprocess.Popen:

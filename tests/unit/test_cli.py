@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.pai_runtime import pai_environment
+from fixtures.ports import free_port
 
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_", "TRAINPOD_", "MASTER_", "GLOO_", "NCCL_"))
          and k not in ("NNODES", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
@@ -34,11 +34,6 @@ def one_line_error(result, code):
     assert "Traceback" not in result.stderr
     return lines[0]
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_help_lists_commands_and_exit_codes():

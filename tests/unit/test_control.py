@@ -1,6 +1,5 @@
 """The stop key in the rendezvous store: one node stops, every node learns it; a lost master is noticed."""
 
-import socket
 import subprocess
 import sys
 import textwrap
@@ -12,14 +11,9 @@ torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
 
+from fixtures.ports import free_port  # noqa: E402
 from trainpod import control  # noqa: E402
 from trainpod.control import JobControl  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def store(port, host=False):

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fixtures.etcd import free_port  # noqa: E402
+from fixtures.ports import free_port  # noqa: E402
 from trainpod import inprocess  # noqa: E402
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fixtures.ports import free_port
 from trainpod import keeper
 
 pytest.importorskip("torch")
@@ -61,22 +62,17 @@ KEEPER = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
-
-def run_keeper(tmp_path, behaviour, limit="3", start_only=False, rank=0):
-    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+def run_keeper(tmp_path, behaviour, limit="3", start_only=False, rank=0, port=None):
+    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port()),
            keeper.MAX_VAR: limit, "KEEPER_RANK": str(rank)}
     process = subprocess.Popen([sys.executable, "-c", KEEPER, str(tmp_path), behaviour], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if start_only:
         return process
     _, err = process.communicate(timeout=120)
-    ranks = [line.split() for line in (tmp_path / "ranks").read_text().splitlines()]
-    return process.returncode, err, ranks
+    ranks = (tmp_path / "ranks").read_text().splitlines() if (tmp_path / "ranks").exists() else []
+    return process.returncode, err, [line.split() for line in ranks]
 
 
 def sleeping_keeper(tmp_path) -> subprocess.Popen:
@@ -137,6 +133,17 @@ def test_a_stop_request_reaches_the_rank_and_ends_both(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == -signal.SIGTERM
     assert len((tmp_path / "ranks").read_text().splitlines()) == 1  # not replaced
+
+
+def test_a_store_that_cannot_listen_ends_rank_0s_keeper_with_one_line_before_any_rank(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, err, ranks = run_keeper(tmp_path, "once", port=taken.getsockname()[1])
+    assert (code, ranks) == (1, []), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainpod: rank 0: the workers' store at 127.0.0.1:"), err
+    assert "did not start: " in lines[0] and "Traceback" not in err
 
 
 def test_without_rank_0s_keeper_and_its_store_a_killed_rank_is_not_replaced(tmp_path):

@@ -3,7 +3,6 @@
 import configparser
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.ports import free_port
 from trainpod.restarts import Failure
 from trainpod.supervise import Policy, render_config, stop_wait_s
 
@@ -46,11 +46,6 @@ def test_config_handles_supervisord_traps(tmp_path):
 def test_stop_wait_covers_the_grace_and_torchruns_shutdown():
     assert stop_wait_s(10) == 60 and stop_wait_s(45.5) == 76  # 46 s grace + 5 s torchrun margin + the agent's exit
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def supervised(*command, restarts="2", env=None, **kwargs):
