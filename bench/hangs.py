@@ -51,7 +51,6 @@ EXAMPLE = ["--epochs", "100", "--max-steps", "200", "--synthetic-samples", "8192
 STOP_ARGS = ["--epochs", "100", "--synthetic-samples", "4096", "--batch-size", "32", "--log-every", "5"]
 
 
-
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_"))}
     return {**env, "PYTHONPATH": str(ENTRYPOINT), "OMP_NUM_THREADS": "1", **extra}

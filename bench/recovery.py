@@ -80,7 +80,6 @@ def _create_time_offset() -> float:
 CREATE_TO_MONO = 0.0  # set by bench()
 
 
-
 def command(variant: str, port: int, out: Path) -> list[str]:
     job = [*ARGS, "--output-dir", str(out / "output"), "--checkpoint-dir", str(out / "ckpt")]
     if variant in ("trainpod", "in-process"):  # supervised, default --restart-backoff

@@ -48,7 +48,6 @@ START_S = 15.0  # both agents up, met and their first ranks running by then, on 
 TIMEOUT_S = 120
 
 
-
 def run_once(variant: str, script: Path) -> dict[str, float]:
     port, fail_at = free_port(), time.time() + START_S
     env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "BENCH_FAIL_AT": f"{fail_at:.6f}", "TRAINPOD_NNODES": "2",

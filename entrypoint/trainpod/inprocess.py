@@ -16,10 +16,15 @@ still alive see their collective fail; a script that uses this module then does 
         except RuntimeError as error:                # a collective failed: a peer may have died
             inprocess.recover(error)                 # re-raises it unless a replacement is coming
 
+Every rank also watches the store (_watch, a thread): once a keeper has counted the next generation, the
+rank shuts down its own connections in its group (_disconnect), so that a collective it waits in fails
+now even when no peer's failure reaches it (a send that waits on a live peer which has itself left).
 recover() first shuts down this rank's connections in the broken group, so that every peer's pending
 collective with it fails at once, then leaves the group (without freeing it: _broken), waits
 (RECOVERY_WAIT_S at most) for the keeper of the dead rank to count the next generation, and joins
-that generation's group together with the replacement (REFORM_TIMEOUT_S at most). train() then
+that generation's group together with the replacement (REFORM_TIMEOUT_S at most). Every rank first
+checks in at the generation in the store (_meet): when two ranks died about together, whoever sees the
+second count before all arrived moves every rank on to it, so that all form one group. train() then
 restores the state: HostCopy keeps the last checkpoint in this process's memory, and the
 replacement loads the same checkpoint from disk.
 Anything else (no keeper, no new generation because the error was no peer's death, a group that
@@ -37,6 +42,8 @@ import gc
 import os
 import re
 import socket
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -45,12 +52,16 @@ from typing import Any
 
 GENERATION_VAR = "TRAINPOD_INPROCESS_GENERATION"  # set by the keeper in each rank it forks: 0, then 1, 2, ...
 GENERATION_KEY = "trainpod/inprocess/generation"  # in the workers' store: the newest generation counted
+COUNTED_KEY = "trainpod/inprocess/counted/{}"  # set by the keeper once it counted generation N: what _watch waits for
 RECOVERY_WAIT_S = 3.0  # after a failed collective, how long a new generation may take to be counted
 REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacement starts, loads its data)
 _POLL_S = 0.005
+_WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
 
 _declared: Any = None  # set by trainpod.keeper in the forked rank: a shared byte the rank sets to say it recovers
 _links: list[tuple[int, int]] = []  # (fd, socket inode) of this rank's connections to its group's peers
+_links_lock = threading.Lock()  # _links is shut down by the watch's thread too
+_watching: threading.Thread | None = None
 # The groups given up on, kept from being freed: freeing a gloo group joins its threads, and one that
 # still has a collective's tensors to free needs the GIL, which the freeing thread holds (a hang seen
 # under load, trainpod.distributed.shutdown). Their connections are shut down (_disconnect); their
@@ -82,7 +93,12 @@ def init_process_group(backend: str, device_id=None) -> None:
         with _recording():
             dist.init_process_group(backend, device_id=device_id)  # env://: the keeper made every rank a store client
     else:
-        _join(generation(), backend, device_id)
+        try:
+            _join(generation(), backend, device_id)
+        except NotFormed as failed:  # a replacement has nothing else to do: the agent restarts the worker group
+            print(f"trainpod: rank {os.environ.get('RANK')}: no in-process recovery: {failed}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+    _watch()
 
 
 def recover(error: BaseException, backend: str | None = None, device_id=None) -> int:
@@ -115,24 +131,55 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
         raise error from None  # the store went with rank 0's keeper (its node): the agent decides
     os.environ[GENERATION_VAR] = str(newest)
     try:
-        _join(newest, backend, device_id, store)
-    except Exception:  # the replacement did not come (or another rank died meanwhile)
+        return _join(newest, backend, device_id, store)
+    except Exception as failed:  # the replacement did not come (or another rank died meanwhile)
+        print(f"trainpod: rank {os.environ.get('RANK')}: no in-process recovery: {failed}", file=sys.stderr, flush=True)
         distributed.shutdown(barrier=False)
         raise error from None
-    return newest
 
 
-def _disconnect() -> None:
-    """Shut down this rank's connections in its group. A peer's collective that waits on this rank then
-    fails at once, as does any of this rank's own still running on gloo's threads: no rank waits for the
-    group's timeout (60 s after a first recovery) to learn that the group is given up."""
-    current = _sockets()
-    for fd, inode in _links:
-        if current.get(fd) != inode:
-            continue  # closed already (the number may be another socket's now)
-        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as link:
-            link.shutdown(socket.SHUT_RDWR)  # the socket, not this descriptor: gloo's own one sees it too
-    _links.clear()
+def _disconnect(of: int | None = None) -> None:
+    """Shut down this rank's connections in its group (only while it is generation `of`, when given). A
+    peer's collective that waits on this rank then fails at once, as does any of this rank's own still
+    running on gloo's threads: no rank waits for the group's timeout (30 min in generation 0) to learn
+    that the group is given up."""
+    with _links_lock:
+        if of is not None and generation() != of:
+            return  # this rank recovered meanwhile: _links are its new group's
+        current = _sockets()
+        for fd, inode in _links:
+            if current.get(fd) != inode:
+                continue  # closed already (the number may be another socket's now)
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as link:
+                link.shutdown(socket.SHUT_RDWR)  # the socket, not this descriptor: gloo's own one sees it too
+        _links.clear()
+
+
+def _watch() -> None:
+    """Start (once per process) the thread that leaves each generation's group as soon as a keeper counted
+    the next one: a rank blocked in a collective then fails it and recovers (see the module docstring)."""
+    global _watching
+    if _watching is None:
+        _watching = threading.Thread(target=_watch_generations, name="trainpod-inprocess-watch", daemon=True)
+        _watching.start()
+
+
+def _watch_generations() -> None:
+    try:
+        store = _store(_WATCH_WAIT_S)  # its own client: a store client serves one thread at a time
+    except (RuntimeError, OSError):
+        return  # no store (it went with rank 0's keeper): the ranks' own errors decide
+    while True:
+        watched, began = generation(), time.monotonic()
+        try:
+            store.wait([COUNTED_KEY.format(watched + 1)], timedelta(seconds=_WATCH_WAIT_S))
+        except (RuntimeError, OSError):
+            if time.monotonic() - began < _WATCH_WAIT_S:
+                return  # the store is gone, not a wait that timed out
+            continue
+        _disconnect(of=watched)
+        while generation() == watched:  # until this rank recovered (or ended)
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -141,7 +188,8 @@ def _recording() -> Iterator[None]:
     before = set(_sockets().values())
     yield
     store_port = int(os.environ.get("MASTER_PORT", "0") or 0)
-    _links[:] = [(fd, inode) for fd, inode in _sockets().items() if inode not in before and _is_link(fd, store_port)]
+    with _links_lock:
+        _links[:] = [(fd, inode) for fd, inode in _sockets().items() if inode not in before and _is_link(fd, store_port)]
 
 
 def _sockets() -> dict[int, int]:
@@ -195,15 +243,54 @@ def _store(timeout_s: float):
                          timeout=timedelta(seconds=timeout_s))
 
 
-def _join(number: int, backend: str, device_id, store=None) -> None:
+def _join(number: int, backend: str, device_id, store=None) -> int:
+    """Form the group of generation `number`, or of a newer one that every rank meets at (_meet); return it."""
     import torch.distributed as dist
 
     store = store if store is not None else _store(REFORM_TIMEOUT_S)
     store.set_timeout(timedelta(seconds=REFORM_TIMEOUT_S))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    number = _meet(store, number, rank, world, time.monotonic() + REFORM_TIMEOUT_S)
+    os.environ[GENERATION_VAR] = str(number)
     with _recording():
-        dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store),
-                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                                timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
+        dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
+    return number
+
+
+def _meet(store, number: int, rank: int, world: int, deadline: float) -> int:
+    """Check in at generation `number` and wait until all `world` ranks have; return the generation they meet at.
+
+    Two ranks that die about together are counted as two generations, and their replacements and the
+    survivors may each have seen either first: whoever sees a newer generation counted before the last
+    rank arrived gives this one up, and every rank moves on to the newest. Which of the two happened
+    first (the last arrival, or giving up) is decided once, in the store (compare_set), so that no rank
+    forms a group that the others left."""
+    while True:
+        meeting = f"trainpod/inprocess/meeting/{number}"
+        store.set(f"{meeting}/rank{rank}", "")
+        if int(store.add(f"{meeting}/arrived", 1)) >= world:  # the last to arrive (one that arrived may have died since)
+            newer = int(store.add(GENERATION_KEY, 0)) > number
+            store.compare_set(f"{meeting}/outcome", "", "left" if newer else "formed")
+        while True:
+            outcome = store.compare_set(f"{meeting}/outcome", "", "")  # b"" while undecided (a read)
+            newest = int(store.add(GENERATION_KEY, 0))
+            if outcome == b"" and newest > number:
+                outcome = store.compare_set(f"{meeting}/outcome", "", "left")
+            if outcome == b"formed":
+                return number
+            if outcome == b"left" and newest > number:
+                number = newest
+                break
+            if time.monotonic() >= deadline:
+                missing = [r for r in range(world) if not store.check([f"{meeting}/rank{r}"])]
+                raise NotFormed(f"generation {number} did not form within {REFORM_TIMEOUT_S:g}s: rank(s) "
+                                f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} did not come")
+            time.sleep(_POLL_S)
+
+
+class NotFormed(RuntimeError):
+    """A generation's group did not form in time (a rank did not come): the agent restarts the worker group."""
 
 
 class HostCopy:

@@ -19,7 +19,6 @@ ENTRYPOINT = REPO / "entrypoint"
 TIMEOUT_S = 180
 
 
-
 def torchrun_cifar10(output_dir: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "TORCHELASTIC_"))}
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE"):

@@ -27,7 +27,6 @@ STEP = re.compile(r"\] epoch \d+/\d+ step (\d+)/")
 GROUP_RESTART = "restarting the worker group"
 
 
-
 def start(out: Path, *flags: str, nproc: int = 2, **env: str) -> subprocess.Popen:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "TORCHELASTIC_"))}
     command = [sys.executable, "-m", "trainpod", "run", "--no-supervise", "--nproc-per-node", str(nproc), "--master-port",
@@ -79,9 +78,9 @@ def reference(tmp_path_factory):
     return of
 
 
-def run_and_kill(out: Path, victim: int, nproc: int = 2, **env: str) -> tuple[int, str, dict, dict]:
-    """Start an in-process job, SIGKILL rank `victim` after step KILL_AT; (exit code, log, processes before
-    the kill, processes once the group re-formed or restarted)."""
+def run_and_kill(out: Path, victim: int | tuple[int, ...], nproc: int = 2, **env: str) -> tuple[int, str, dict, dict]:
+    """Start an in-process job, SIGKILL rank `victim` (or each of several at once) after step KILL_AT; (exit code,
+    log, processes before the kill, processes once the group re-formed or restarted)."""
     job = start(out, "--recovery", "in-process", nproc=nproc, **env)
     lines, before, after = [], {}, {}
     try:
@@ -90,7 +89,8 @@ def run_and_kill(out: Path, victim: int, nproc: int = 2, **env: str) -> tuple[in
             step = STEP.search(line)
             if not before and step and int(step.group(1)) >= KILL_AT:
                 before = ranks(job)
-                os.kill(before[f"rank{victim}"], signal.SIGKILL)
+                for each in victim if isinstance(victim, tuple) else (victim,):
+                    os.kill(before[f"rank{each}"], signal.SIGKILL)
             if before and not after and (STEP.search(line) and "resumed from" in "".join(lines[-20:])):
                 after = ranks(job)
         code, log = finish(job, lines)
@@ -125,6 +125,21 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     result = metrics(tmp_path)
     assert result["checksum"] == reference(nproc) and result["in_process_generation"] == 1
     assert len(set(result["rank_checksums"])) == 1
+
+
+def test_two_ranks_killed_together_are_both_replaced_in_one_new_group(tmp_path, reference):
+    """Their keepers count two generations, 1 and 2; the survivors and both replacements meet at the newest
+    (trainpod.inprocess._meet) rather than waiting out the re-form timeout in two halves of a group."""
+    code, log, before, after = run_and_kill(tmp_path, (1, 2), 4)
+    assert code == 0, log[-4000:]
+    assert all(after[f"rank{r}"] == before[f"rank{r}"] for r in (0, 3)), (before, after)
+    assert all(after[f"rank{r}"] != before[f"rank{r}"] for r in (1, 2)), (before, after)
+    assert GROUP_RESTART not in log, log[-4000:]
+    for survivor in (0, 3):
+        assert re.search(rf"rank {survivor}: .*: a rank was replaced, the group re-formed in-process \(generation 2\)",
+                         log), log[-4000:]
+    result = metrics(tmp_path)
+    assert result["checksum"] == reference(4) and result["in_process_generation"] == 2
 
 
 def test_a_replacement_that_cannot_start_falls_back_to_restarting_the_worker_group(tmp_path, reference):

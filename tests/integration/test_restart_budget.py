@@ -23,7 +23,6 @@ pytest.importorskip("torch")
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 
 
-
 def environment(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "TORCHELASTIC_"))}
     return {**env, "PYTHONPATH": ENTRYPOINT, **extra}

@@ -32,7 +32,6 @@ JOBS = {
 COMMON = ["--checkpoint-every", "4", "--log-every", "4"]
 
 
-
 def start(example: str, out: Path, *extra: str) -> subprocess.Popen:
     args, nproc = JOBS[example]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_"))}

@@ -29,7 +29,6 @@ GRACE_S = 25  # trainpod run's default --term-grace
 STOPPED = re.compile(r"cifar10-ddp: stopped by SIGTERM at step (\d+); checkpoint of step (\d+) saved$", re.M)
 
 
-
 def start(out: Path, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "TORCHELASTIC_"))}
     command = [sys.executable, "-m", "trainpod", "run", "--no-supervise", "--nproc-per-node", "2",

@@ -35,7 +35,6 @@ def one_line_error(result, code):
     return lines[0]
 
 
-
 def test_help_lists_commands_and_exit_codes():
     result = trainpod("--help")
     assert result.returncode == 0

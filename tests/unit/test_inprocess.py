@@ -121,7 +121,8 @@ RECOVER = textwrap.dedent("""
     assert gone() is not None and gone() in inprocess._broken and dist.group.WORLD is not gone()
     total = torch.ones(2)
     dist.all_reduce(total)  # the new generation's group works
-    print("generation", inprocess.generation(), total.tolist())
+    print("generation", inprocess.generation(), total.tolist(), flush=True)
+    os._exit(0)  # as a keeper's rank ends (trainpod.keeper): the store's host is this process
 """)
 
 
@@ -134,3 +135,103 @@ def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tm
     done = subprocess.run([sys.executable, "-c", RECOVER], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "generation 1 [1.0, 1.0]" in done.stdout
+
+
+WATCHED = textwrap.dedent("""
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from trainpod import inprocess
+
+    inprocess.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        time.sleep(60)  # alive, connected, and never receiving: as a peer that waits elsewhere
+    else:
+        sending = dist.isend(torch.ones(1 << 20), 0)
+        print("sending", flush=True)
+        try:
+            sending.wait()
+        except RuntimeError as error:
+            print("failed:", inprocess.gist(error), flush=True)
+""")
+
+
+def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the_next_generation():
+    # What the compose fault test caught under load: a rank waited in a collective on a peer that never
+    # answered, and no failure reached it. Its watch shuts its connections down when a generation is counted.
+    from datetime import timedelta
+
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                                       timeout=timedelta(seconds=30))  # rank 0's keeper's (trainpod.keeper)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True", inprocess.GENERATION_VAR: "0"}
+    ranks = [subprocess.Popen([sys.executable, "-c", WATCHED], env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for rank in (0, 1)]
+    try:
+        assert ranks[1].stdout.readline() == "sending\n"
+        with pytest.raises(subprocess.TimeoutExpired):
+            ranks[1].wait(timeout=2)  # blocked: nothing has failed
+        store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of a killed rank does
+        out, _ = ranks[1].communicate(timeout=20)
+        assert out.startswith("failed: "), out
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+
+
+
+def meet_all(store_port: int, starts: list[int], world: int | None = None, timeout_s: float = 30) -> list:
+    """Ranks 0, 1, ... (threads, each with its own store client) meet from the generations `starts`, in a world
+    of `world` ranks (all of them by default); what each returned or raised."""
+    import time
+    from datetime import timedelta
+
+    def one(rank: int, number: int) -> None:
+        client = torch.distributed.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=30))
+        try:
+            met[rank] = inprocess._meet(client, number, rank, world or len(starts), time.monotonic() + timeout_s)
+        except inprocess.NotFormed as error:
+            met[rank] = error
+
+    met: list = [None] * len(starts)
+    threads = [threading.Thread(target=one, args=(rank, number)) for rank, number in enumerate(starts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout_s + 30)
+    return met
+
+
+@pytest.fixture
+def store():
+    """(the workers' store as rank 0's keeper hosts it, its port)"""
+    from datetime import timedelta
+
+    port = free_port()
+    host = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                                      timeout=timedelta(seconds=30))
+    return host, port
+
+
+def test_ranks_that_start_at_two_generations_counted_together_all_meet_at_the_newest(store):
+    # Two ranks died about together: two keepers counted 1 and 2. The survivors saw either count, and
+    # each replacement starts at its own keeper's: all of them form one group, the newest generation's.
+    host, port = store
+    host.add(inprocess.GENERATION_KEY, 2)
+    assert meet_all(port, [1, 2, 1, 2]) == [2, 2, 2, 2]
+
+
+def test_ranks_of_one_generation_meet_at_it(store):
+    host, port = store
+    host.add(inprocess.GENERATION_KEY, 1)
+    assert meet_all(port, [1, 1, 1]) == [1, 1, 1]
+
+
+def test_a_generation_that_a_rank_never_comes_to_fails_naming_the_rank(store):
+    host, port = store
+    host.add(inprocess.GENERATION_KEY, 1)
+    [failed] = meet_all(port, [1], world=3, timeout_s=0.5)
+    assert isinstance(failed, inprocess.NotFormed)
+    assert str(failed) == f"generation 1 did not form within {inprocess.REFORM_TIMEOUT_S:g}s: rank(s) 1, 2 did not come"

@@ -62,7 +62,6 @@ KEEPER = textwrap.dedent("""
 """)
 
 
-
 def run_keeper(tmp_path, behaviour, limit="3", start_only=False, rank=0, port=None):
     env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port()),
            keeper.MAX_VAR: limit, "KEEPER_RANK": str(rank)}

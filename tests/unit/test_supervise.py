@@ -47,7 +47,6 @@ def test_stop_wait_covers_the_grace_and_torchruns_shutdown():
     assert stop_wait_s(10) == 60 and stop_wait_s(45.5) == 76  # 46 s grace + 5 s torchrun margin + the agent's exit
 
 
-
 def supervised(*command, restarts="2", env=None, **kwargs):
     return subprocess.run(
         [sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()), "--max-restarts", restarts,
