@@ -39,10 +39,19 @@ KEEPER = textwrap.dedent("""
     out = Path(sys.argv[1])
     behaviour = sys.argv[2]
 
+    def counted(generation):  # whether the keeper said in the store that it counted this generation
+        if not generation or os.environ.get("KEEPER_RANK", "0") != "0":
+            return "-"
+        from datetime import timedelta
+        import torch.distributed as dist
+        store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), timeout=timedelta(seconds=10))
+        return str(store.check([inprocess.COUNTED_KEY.format(generation)]))
+
     def rank():
         generation = inprocess.generation()
         with open(out / "ranks", "a") as f:  # and the threads its keeper had when it forked this rank
-            f.write(f"{generation} {os.getpid()} {os.getppid()} {len(os.listdir(f'/proc/{os.getppid()}/task'))}\\n")
+            f.write(f"{generation} {os.getpid()} {os.getppid()} {len(os.listdir(f'/proc/{os.getppid()}/task'))} "
+                    f"{counted(generation)}\\n")
         if behaviour != "undeclared":
             inprocess._declared[0] = 1  # what inprocess.init_process_group() does
         if behaviour == "sleep":
@@ -89,6 +98,7 @@ def test_a_killed_rank_is_forked_again_in_the_next_generation_and_the_keeper_end
     assert code == 0, err
     assert [r[0] for r in ranks] == ["0", "1"]
     assert ranks[0][1] != ranks[1][1] and ranks[0][2] == ranks[1][2]  # a new process, the same keeper parent
+    assert ranks[1][4] == "True"  # every rank's watch wakes (trainpod.inprocess._watch)
     assert "trainpod: rank 0 (pid" in err and "was killed by SIGKILL: its replacement joins the other ranks in-process " \
         "(generation 1, 2 replacement(s) left)" in err
     assert (tmp_path / "title").read_text() == "keeper0"
@@ -98,7 +108,7 @@ def test_rank_0s_keeper_forks_with_one_thread_and_its_store_serves_from_a_child_
     # A TCPStore serves on a thread of its own. A keeper with that thread could fork a replacement that
     # holds a copy of a lock the thread held, and hangs: the store is a child.
     process = sleeping_keeper(tmp_path)
-    _, rank, parent, threads = (tmp_path / "ranks").read_text().split()
+    _, rank, parent, threads, _ = (tmp_path / "ranks").read_text().split()
     assert (int(parent), threads) == (process.pid, "1")
     children = {child.pid: child for child in psutil.Process(process.pid).children()}
     store = [child for pid, child in children.items() if pid != int(rank)]
