@@ -20,7 +20,8 @@ Every rank also watches the store (_watch, a thread): once a keeper has counted 
 rank shuts down its own connections in its group (_disconnect), so that a collective it waits in fails
 now even when no peer's failure reaches it (a send that waits on a live peer which has itself left).
 recover() first shuts down this rank's connections in the broken group, so that every peer's pending
-collective with it fails at once, then leaves the group (without freeing it: _broken), waits
+collective with it fails at once, then leaves the group without freeing it (_broken: the group is
+held from the moment it formed, so a script that destroyed it already cannot free it either), waits
 (RECOVERY_WAIT_S at most) for the keeper of the dead rank to count the next generation, and joins
 that generation's group together with the replacement (REFORM_TIMEOUT_S at most). Every rank first
 checks in at the generation in the store (_meet): when two ranks died about together, whoever sees the
@@ -62,6 +63,10 @@ _declared: Any = None  # set by trainpod.keeper in the forked rank: a shared byt
 _links: list[tuple[int, int]] = []  # (fd, socket inode) of this rank's connections to its group's peers
 _links_lock = threading.Lock()  # _links is shut down by the watch's thread too
 _watching: threading.Thread | None = None
+# This generation's group, held from the moment it formed: a script may destroy it before recover()
+# runs (the harness's train() does, in its `finally`), and then the failed step's objects (the DDP
+# model's reducer) hold its last reference.
+_group: Any = None
 # The groups given up on, kept from being freed: freeing a gloo group joins its threads, and one that
 # still has a collective's tensors to free needs the GIL, which the freeing thread holds (a hang seen
 # under load, trainpod.distributed.shutdown). Their connections are shut down (_disconnect); their
@@ -92,6 +97,7 @@ def init_process_group(backend: str, device_id=None) -> None:
     if generation() == 0:
         with _recording():
             dist.init_process_group(backend, device_id=device_id)  # env://: the keeper made every rank a store client
+        _formed()
     else:
         try:
             _join(generation(), backend, device_id)
@@ -112,8 +118,7 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
         raise error
     backend = backend or (dist.get_backend() if dist.is_initialized() else "gloo")
     _disconnect()
-    if dist.is_initialized():
-        _broken.append(dist.group.WORLD)  # never freed: see _broken
+    _give_up()
     distributed.shutdown(barrier=False)
     _release(error)
     current, deadline = generation(), time.monotonic() + RECOVERY_WAIT_S
@@ -136,6 +141,21 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
         print(f"trainpod: rank {os.environ.get('RANK')}: no in-process recovery: {failed}", file=sys.stderr, flush=True)
         distributed.shutdown(barrier=False)
         raise error from None
+
+
+def _formed() -> None:
+    global _group
+    import torch.distributed as dist
+
+    _group = dist.group.WORLD
+
+
+def _give_up() -> None:
+    """Keep this generation's group from ever being freed (see _broken), whether or not the script destroyed it."""
+    global _group
+    if _group is not None:
+        _broken.append(_group)
+        _group = None
 
 
 def _disconnect(of: int | None = None) -> None:
@@ -255,6 +275,7 @@ def _join(number: int, backend: str, device_id, store=None) -> int:
     with _recording():
         dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store), rank=rank,
                                 world_size=world, timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
+    _formed()
     return number
 
 

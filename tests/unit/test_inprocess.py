@@ -107,16 +107,30 @@ RECOVER = textwrap.dedent("""
     import gc, os, sys, weakref
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from trainpod import inprocess
+    from trainpod import distributed, inprocess
 
     store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=10))  # the keeper's store (trainpod.keeper)
     inprocess.init_process_group("gloo")
-    broken = dist.group.WORLD
-    gone = weakref.ref(broken)
-    del broken
+    gone = weakref.ref(dist.group.WORLD)
+
+
+    def session():  # a failed step, as the harness's train() ends it
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        try:
+            model(torch.ones(1, 2)).sum().backward()
+            raise RuntimeError("Connection closed by peer")  # as a collective with a dead peer fails
+        finally:
+            if sys.argv[1] == "destroyed":
+                distributed.shutdown(barrier=False)  # the group is no longer torch's when recover() runs
+
+
+    try:
+        session()
+    except RuntimeError as error:
+        failed = error
     store.add(inprocess.GENERATION_KEY, 1)  # what the dead rank's keeper does
-    assert inprocess.recover(RuntimeError("Connection closed by peer")) == 1
+    assert inprocess.recover(failed) == 1
     gc.collect()
     assert gone() is not None and gone() in inprocess._broken and dist.group.WORLD is not gone()
     total = torch.ones(2)
@@ -126,13 +140,16 @@ RECOVER = textwrap.dedent("""
 """)
 
 
-def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tmp_path):
+@pytest.mark.parametrize("group", ["destroyed", "kept"])
+def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tmp_path, group):
     # Freeing a gloo group joins its threads; one with tensors left to free needs the GIL that the
-    # freeing thread holds. The group is kept instead, its connections shut down (_disconnect).
+    # freeing thread holds. The group is kept instead, its connections shut down (_disconnect): also
+    # when the script destroyed it before recover() (the harness does, in train()'s `finally`), and
+    # only the failed step's objects, which recover() frees, still held it.
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
            inprocess.GENERATION_VAR: "0"}
-    done = subprocess.run([sys.executable, "-c", RECOVER], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", RECOVER, group], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "generation 1 [1.0, 1.0]" in done.stdout
 
