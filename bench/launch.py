@@ -135,7 +135,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "SLURM_"))}
-    env.update(PYTHONPATH=ENTRYPOINT, LOGLEVEL="INFO", OMP_NUM_THREADS="1")
+    # the caller's PYTHONPATH stays after trainpod's (on a GPU host, supervisor may be there)
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [ENTRYPOINT, os.environ.get("PYTHONPATH")])), LOGLEVEL="INFO",
+               OMP_NUM_THREADS="1")
     # trainpod's bytecode, as an installed package has it (pip and the image compile it; torch's is): a
     # source checkout under PYTHONDONTWRITEBYTECODE would compile every module in every process.
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(ENTRYPOINT, "trainpod")], check=True,

@@ -68,6 +68,12 @@ def torch_internals_missing() -> list[str]:
     if holder is None or "self._cache_duration" not in inspect.getsource(holder):
         missing.append("torch.distributed.elastic.rendezvous.dynamic_rendezvous._BackendRendezvousStateHolder"
                        "._cache_duration (how long a read state is reused: trainpod.agent_policy polls faster)")
+    handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
+    if handler is None or not all(f"self.{name}:" in inspect.getsource(handler.__init__)
+                                  for name in ("_bootstrap_store_info", "_shared_tcp_store_server")):
+        missing.append("torch.distributed.elastic.rendezvous.dynamic_rendezvous.DynamicRendezvousHandler's "
+                       "_bootstrap_store_info and _shared_tcp_store_server (trainpod.agent_policy makes the workers' "
+                       "store anew in each round)")
     if not callable(getattr(utils, "_matches_machine_hostname", None)):
         missing.append("torch.distributed.elastic.rendezvous.utils._matches_machine_hostname() (who hosts a c10d store)")
     try:

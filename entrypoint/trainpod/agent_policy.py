@@ -48,8 +48,9 @@ policy as a failed one whose code is 124, already explained by the watch's line.
 torch's private API used here (checked by trainpod.agent.torch_internals_missing()):
 LocalElasticAgent._monitor_workers(), _invoke_run(), _shutdown(), _remaining_restarts,
 _worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs, the c10d
-rendezvous handler's `_store`, and the dynamic rendezvous's `_delay` and `_state_holder._cache_duration`
-(_poll_rendezvous_faster()).
+rendezvous handler's `_store`, the dynamic rendezvous's `_delay` and `_state_holder._cache_duration`
+(_poll_rendezvous_faster()), and its handler's `_bootstrap_store_info` and `_shared_tcp_store_server`
+(_fresh_workers_store()).
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class AgentPolicy:
             else:
                 spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
         _poll_rendezvous_faster(spec.rdzv_handler, self.nnodes)
+        _fresh_workers_store(spec.rdzv_handler)
         self.budget = restarts.budget_from_env(spec.max_restarts)
         self.rejoin_timeout = REJOIN_TIMEOUT.from_env(os.environ)[0]
         self.final: restarts.Decision | None = None
@@ -344,11 +346,18 @@ class AgentPolicy:
 
 
 def rendezvous_poll_s(max_nodes: int) -> float:
-    """How often a node reads a c10d or etcd-v3 rendezvous's state (while it waits for the others, and
-    while its ranks train: torch's agent asks every monitor interval whether a node waits to join):
-    0.01 s per node, from 0.1 s to torch's 1 s, so a job's nodes read the store about 100 times a
-    second at most, whatever their number."""
-    return min(1.0, max(0.1, 0.01 * max_nodes))
+    """How often a node reads a c10d or etcd-v3 rendezvous's state while it waits for the others: 0.01 s
+    per node, from 0.02 s to torch's 1 s, so a job's nodes read the store about 100 times a second at
+    most, whatever their number. (While the ranks train, torch's agent asks once per monitor interval,
+    0.1 s, whether a node waits to join: at most one read each time.)"""
+    return min(1.0, max(0.02, 0.01 * max_nodes))
+
+
+def rendezvous_skew_s(max_nodes: int) -> float:
+    """The most a node delays its first join by chance, so that many nodes do not write the rendezvous's
+    state at once: 0.01 s per node (the rate above), at most torch's 0.3 s. A 2-node job waited up to
+    0.3 s (0.15 on average) for nothing at every launch."""
+    return min(0.3, 0.01 * max_nodes)
 
 
 def _poll_rendezvous_faster(handler, max_nodes: int) -> None:
@@ -358,7 +367,7 @@ def _poll_rendezvous_faster(handler, max_nodes: int) -> None:
     _cache_duration). Every restart of a multi-node job is such a round (each node leaves the last round,
     then waits for the others to), so it took a second more than needed, and a node waiting to join
     was seen up to a second late: here both become rendezvous_poll_s(). torch's other delay, the
-    first round's random skew of up to 0.3 s, stays."""
+    first round's random skew of up to 0.3 s, becomes up to rendezvous_skew_s()."""
     holder = getattr(handler, "_state_holder", None)
     if not hasattr(holder, "_cache_duration"):
         return  # torch's etcd backend (v2 API) has a rendezvous of its own
@@ -368,11 +377,40 @@ def _poll_rendezvous_faster(handler, max_nodes: int) -> None:
     holder._cache_duration = poll
     torch_delay = getattr(dynamic_rendezvous._delay, "torch_delay", dynamic_rendezvous._delay)
 
+    skew = rendezvous_skew_s(max_nodes)
+
     def delay(seconds: float | tuple[float, float]) -> None:
+        if isinstance(seconds, tuple):  # the first round's skew, a range
+            seconds = (min(seconds[0], skew), min(seconds[1], skew))
         torch_delay(poll if seconds == 1 else seconds)
 
     delay.torch_delay = torch_delay  # type: ignore[attr-defined]
     dynamic_rendezvous._delay = delay
+
+
+def _fresh_workers_store(handler) -> None:
+    """The workers' store (where env:// ranks meet: MASTER_ADDR:MASTER_PORT) is a new one in every
+    rendezvous round, hosted by the agent of the round's rank 0 on a new port.
+
+    torch's dynamic rendezvous (c10d, trainpod's etcd-v3) shares one store, made in the agent's first
+    round, with the workers of every round: restarted ranks then read the dead ones' keys
+    (pytorch/pytorch#135712), and in a round that a node joins, rank 0 publishes no address and the
+    new node waits for it until the store's timeout. Its opt-out (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+    makes rank 0's process host the store once it has imported torch, and every other rank's client
+    backs off exponentially while it is not there yet: seen 1 to 2 s late at a 2-node launch. Here the
+    agent forgets the last round's store before each round, so torch makes a new one (the old one
+    closes with its last reference) and publishes its address in the new round."""
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1" or not hasattr(handler, "_shared_tcp_store_server"):
+        return  # the user's opt-out (rank 0 hosts a new store each time), or a rendezvous with a store of its own
+    torch_next = getattr(handler.next_rendezvous, "torch_next", handler.next_rendezvous)
+
+    def next_rendezvous():
+        handler._bootstrap_store_info = None
+        handler._shared_tcp_store_server = None
+        return torch_next()
+
+    next_rendezvous.torch_next = torch_next  # type: ignore[attr-defined]
+    handler.next_rendezvous = next_rendezvous
 
 
 def _backend(handler) -> str:

@@ -16,13 +16,16 @@ group, or stops) when:
 - this rank was already replaced TRAINPOD_INPROCESS_MAX times (the agent's --max-restarts): a rank
   that keeps dying is the agent's restart budget's to judge.
 
-The workers' store (MASTER_ADDR:MASTER_PORT, where env:// ranks meet) is hosted by a child of global
-rank 0's keeper (`ps`: store0) rather than by rank 0 itself, so that it outlives any rank: every
-rank is its client (TORCHELASTIC_USE_AGENT_STORE). Not by the keeper itself: a store serves on a
-thread of its own, and a process with a second thread must not fork (the child gets a copy of
-every lock that thread held at that moment, and a replacement that needed one would hang for good).
-The store's process ignores the stop signals and ends with the keeper. Each worker group the agent
-starts has new keepers and a new store.
+The workers' store (MASTER_ADDR:MASTER_PORT, where env:// ranks meet, and where the keepers count
+the generations) must outlive any rank: every rank is its client (TORCHELASTIC_USE_AGENT_STORE). With
+torch's dynamic rendezvous (c10d, etcd-v3) the agent of the node with rank 0 hosts it, a new one for
+each worker group (trainpod.agent_policy._fresh_workers_store). Where the agent does not (torch's
+etcd backend, or TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), a child of global rank 0's keeper hosts it
+(`ps`: store0) rather than rank 0 itself. Not the keeper itself: a store serves on a thread of its
+own, and a process with a second thread must not fork (the child gets a copy of every lock that
+thread held at that moment, and a replacement that needed one would hang for good). The store's
+process ignores the stop signals and ends with the keeper. Each worker group the agent starts has
+new keepers and a new store.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ MAX_VAR = "TRAINPOD_INPROCESS_MAX"  # set by the agent: how often one rank may b
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # forwarded; a rank they kill is not replaced
 STORE_TIMEOUT_S = 60.0  # the store's own timeout for the ranks' requests
 CLIENT_TIMEOUT_S = 5.0  # a keeper's connection to rank 0's keeper: gone with its node, then no replacement
+AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"  # "True": the agent hosts the workers' store (torch's agent sets it)
 
 
 def replaces(signalled: int | None, declared: bool, left: int) -> bool:
@@ -52,13 +56,13 @@ def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> Non
     """Run `run` (the rank) in a forked child, and again in a new child each time `replaces` says so;
     then end as the last child ended (return for 0, SystemExit for a code, the same signal)."""
     keeper = os.getpid()
-    if rank == 0:
+    if rank == 0 and os.environ.get(AGENT_STORE_VAR) != "True":
         try:
             _fork_store(keeper, name)
         except RuntimeError as error:  # one line, not the launcher's traceback; not deterministic (a port taken
             print(f"trainpod: rank 0: {error}", file=sys.stderr, flush=True)  # meanwhile): the agent may retry
             raise SystemExit(1) from None
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # env:// in the ranks: a client of the store, never its host
+    os.environ[AGENT_STORE_VAR] = "True"  # env:// in the ranks: a client of the store, never its host
     declared = mmap.mmap(-1, 1)  # shared with the forked ranks: set by inprocess.init_process_group()
     left = int(os.environ.get(MAX_VAR, "3") or 0)
     store = None

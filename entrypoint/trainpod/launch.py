@@ -161,11 +161,6 @@ def build_plan(
     }
     added["no_proxy"] = added["NO_PROXY"]
     added.update(hang.plan_env(env, hang_timeout))  # the hang watch: progress files, flight recorder
-    # The workers' store must be new for every restarted worker group. torch's default shares the
-    # agent's rendezvous store across restarts, and restarted ranks then read the dead ranks'
-    # addresses (pytorch/pytorch#135712): "Connection refused" or a hang in init_process_group.
-    if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env:
-        added["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if topology.interface:
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if not env.get(var):

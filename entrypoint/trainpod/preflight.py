@@ -33,6 +33,9 @@ RETRY_INTERVAL_S = 1.0
 # A wait's first seconds retry faster: a master (or etcd, or a DNS name) that starts beside this node
 # comes up within seconds, and a second-long retry made every node of a job start up to 1 s after it.
 FAST_RETRY_S, FAST_RETRIES_FOR_S = 0.1, 10.0
+# A closed port answers a connect at once, from the peer's kernel: the master's port is tried more often (a
+# worker node's agent starts that much sooner after the master's, and the first rendezvous round with it).
+PORT_RETRY_S = 0.02
 
 Log = Callable[[str], None]
 
@@ -109,9 +112,9 @@ def check_command(command: Sequence[str], env: Mapping[str, str]) -> None:
             raise UsageError(f"-- {program} {script}: no such file ({os.getcwd()})")
 
 
-def _pause(waited_s: float) -> float:
+def _pause(waited_s: float, fast: float = FAST_RETRY_S) -> float:
     """How long a bounded wait sleeps before its next try, `waited_s` into it."""
-    return FAST_RETRY_S if waited_s < FAST_RETRIES_FOR_S else RETRY_INTERVAL_S
+    return fast if waited_s < FAST_RETRIES_FOR_S else RETRY_INTERVAL_S
 
 
 def resolve_master(topology: Topology, timeout: float) -> str:
@@ -197,7 +200,7 @@ def wait_for_master(topology: Topology, master_ip: str, timeout: float, env: Map
                 return
         except OSError as error:
             last_error = error.strerror or str(error) or type(error).__name__
-        pause = _pause(time.monotonic() - start)
+        pause = _pause(time.monotonic() - start, PORT_RETRY_S)
         if time.monotonic() + pause > deadline:
             raise UnreachableError(
                 f"master {topology.master_addr}:{topology.master_port} (address from "

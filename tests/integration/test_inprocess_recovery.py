@@ -29,8 +29,10 @@ GROUP_RESTART = "restarting the worker group"
 
 def start(out: Path, *flags: str, nproc: int = 2, **env: str) -> subprocess.Popen:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "TORCHELASTIC_"))}
+    # gloo also on a GPU host (in-process recovery is refused with NCCL, whose collectives do not fail when a peer dies)
     command = [sys.executable, "-m", "trainpod", "run", "--no-supervise", "--nproc-per-node", str(nproc), "--master-port",
-               str(free_port()), *flags, "--example", "cifar10-ddp", "--", *JOB, "--checkpoint-dir", str(out / "ckpt"),
+               str(free_port()), "--backend", "gloo", *flags, "--example", "cifar10-ddp", "--", *JOB, "--checkpoint-dir",
+               str(out / "ckpt"),
                "--output-dir", str(out / "out")]
     return subprocess.Popen(command, env={**clean, "PYTHONPATH": ENTRYPOINT, "OMP_NUM_THREADS": "1", **env},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

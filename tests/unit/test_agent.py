@@ -42,14 +42,15 @@ def test_keep_alive_ttl_sets_torchs_etcd_backend_constant_and_a_bad_value_is_one
     assert etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL == 4
 
 
-def test_a_waiting_node_polls_the_rendezvous_faster_than_torchs_second_and_torchs_other_delays_stay(monkeypatch):
+def test_a_waiting_node_polls_the_rendezvous_faster_than_torchs_second_and_skews_its_first_join_less(monkeypatch):
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     from trainpod import agent_policy
 
-    assert [agent_policy.rendezvous_poll_s(n) for n in (1, 2, 10, 50, 100, 1000)] == [0.1, 0.1, 0.1, 0.5, 1.0, 1.0]
+    assert [agent_policy.rendezvous_poll_s(n) for n in (1, 2, 10, 50, 100, 1000)] == [0.02, 0.02, 0.1, 0.5, 1.0, 1.0]
+    assert [agent_policy.rendezvous_skew_s(n) for n in (1, 2, 10, 30, 1000)] == [0.01, 0.02, 0.1, 0.3, 0.3]
     store = dist.HashStore()
     handler = dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
         "poll", store, C10dRendezvousBackend(store, "poll"), 2, 4)
@@ -59,7 +60,40 @@ def test_a_waiting_node_polls_the_rendezvous_faster_than_torchs_second_and_torch
     monkeypatch.setattr(time, "sleep", slept.append)  # what torch's _delay sleeps
     agent_policy._poll_rendezvous_faster(handler, 4)
     agent_policy._poll_rendezvous_faster(handler, 4)  # a second agent in this process wraps torch's, not ours
-    assert handler._state_holder._cache_duration == 0.1
+    assert handler._state_holder._cache_duration == 0.04
     dynamic_rendezvous._delay(seconds=1)  # the executor's poll while a node waits
-    dynamic_rendezvous._delay(seconds=(0.2, 0.2))  # the first round's skew
-    assert slept == [0.1, 0.2]
+    dynamic_rendezvous._delay(seconds=(0.2, 0.2))  # the first round's skew: at most 0.04 s for 4 nodes
+    dynamic_rendezvous._delay(seconds=0.5)  # any other delay: torch's
+    assert slept == [0.04, 0.04, 0.5]
+
+
+def test_each_rendezvous_round_gives_the_workers_a_new_store_hosted_by_the_agent(monkeypatch):
+    # torch's handler keeps its first round's workers' store for the agent's life: restarted ranks read the
+    # dead ones' keys (pytorch#135712). Each round here has a new one, and the last round's closes.
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    from fixtures.ports import free_port
+    from trainpod import agent_policy
+
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    handler = dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+        "fresh", store, C10dRendezvousBackend(store, "fresh"), 1, 1, local_addr="127.0.0.1")
+    assert handler.use_agent_store  # torch's default: the workers use the agent's store
+    agent_policy._fresh_workers_store(handler)
+    agent_policy._fresh_workers_store(handler)  # a second agent in this process wraps torch's, not ours
+    ports = []
+    for _ in range(2):
+        info = handler.next_rendezvous().bootstrap_store_info
+        ports.append(info.master_port)
+        with socket.create_connection((info.master_addr, info.master_port), timeout=5):
+            pass  # the agent hosts it already: no worker waits for rank 0's process to start one
+    assert ports[0] != ports[1]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", ports[0]), timeout=5).close()  # the first round's store is gone
+    handler.shutdown()

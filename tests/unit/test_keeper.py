@@ -71,9 +71,14 @@ KEEPER = textwrap.dedent("""
 """)
 
 
-def run_keeper(tmp_path, behaviour, limit="3", start_only=False, rank=0, port=None):
+def run_keeper(tmp_path, behaviour, limit="3", start_only=False, rank=0, port=None, agent_store=False):
+    """A keeper of global rank `rank`; with `agent_store`, the store at `port` is the agent's (torch's agent sets
+    TORCHELASTIC_USE_AGENT_STORE=True), else rank 0's keeper hosts one there."""
     env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port()),
            keeper.MAX_VAR: limit, "KEEPER_RANK": str(rank)}
+    env.pop(keeper.AGENT_STORE_VAR, None)
+    if agent_store:
+        env[keeper.AGENT_STORE_VAR] = "True"
     process = subprocess.Popen([sys.executable, "-c", KEEPER, str(tmp_path), behaviour], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if start_only:
@@ -121,6 +126,19 @@ def test_rank_0s_keeper_forks_with_one_thread_and_its_store_serves_from_a_child_
     process.kill()
     process.wait(timeout=30)
     store[0].wait(timeout=10)  # gone with its keeper
+
+
+def test_where_the_agent_hosts_the_store_rank_0s_keeper_hosts_none_and_counts_the_generation_there(tmp_path):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = free_port()
+    agents = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    code, err, ranks = run_keeper(tmp_path, "once", port=port, agent_store=True)  # a second store there would not start
+    assert code == 0, err
+    assert [r[0] for r in ranks] == ["0", "1"] and ranks[1][4] == "True"
+    assert int(agents.add(keeper.inprocess.GENERATION_KEY, 0)) == 1  # counted in the agent's store
 
 
 def test_replacements_stop_at_the_limit_and_the_keeper_dies_by_the_ranks_signal(tmp_path):

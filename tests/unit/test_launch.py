@@ -23,7 +23,8 @@ def test_torchrun_arguments():
     assert plan.env["OMP_NUM_THREADS"] == "2"
     assert plan.env["TRAINPOD_TERM_GRACE"] == "25"
     assert (plan.env["TRAINPOD_PROGRESS_WINDOW"], plan.env["TRAINPOD_REJOIN_TIMEOUT"]) == ("600", "60")  # for the agent
-    assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # a fresh store per restart (torch #135712)
+    # torch's default: the agent hosts the workers' store (a new one each round: agent_policy._fresh_workers_store)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan.env
 
 
 def test_node_zero_hosts_the_rendezvous_and_restart_settings_pass_through():

@@ -187,3 +187,5 @@ def test_an_unreachable_etcd_is_a_bounded_wait_then_69_naming_the_endpoints():
 
 def test_a_wait_retries_every_tenth_of_a_second_at_first_then_once_a_second():
     assert [preflight._pause(s) for s in (0.0, 9.9, 10.0, 250.0)] == [0.1, 0.1, 1.0, 1.0]
+    # the master's port: a connect that a closed port refuses at once
+    assert [preflight._pause(s, preflight.PORT_RETRY_S) for s in (0.0, 9.9, 10.0)] == [0.02, 0.02, 1.0]
