@@ -19,6 +19,8 @@ still alive see their collective fail; a script that uses this module then does 
 Every rank also watches the store (_watch, a thread): once a keeper has counted the next generation, the
 rank shuts down its own connections in its group (_disconnect), so that a collective it waits in fails
 now even when no peer's failure reaches it (a send that waits on a live peer which has itself left).
+If this rank's main thread then stays where it was, idle, for STUCK_S (a collective that did not end), the
+watch ends the rank with SIGKILL and its keeper replaces it, as any dead rank (_recover_or_end).
 recover() first shuts down this rank's connections in the broken group, so that every peer's pending
 collective with it fails at once, then leaves the group without freeing it (_broken: the group is
 held from the moment it formed, so a script that destroyed it already cannot free it either), waits
@@ -42,6 +44,7 @@ import contextlib
 import gc
 import os
 import re
+import signal
 import socket
 import sys
 import threading
@@ -56,6 +59,7 @@ GENERATION_KEY = "trainpod/inprocess/generation"  # in the workers' store: the n
 COUNTED_KEY = "trainpod/inprocess/counted/{}"  # set by the keeper once it counted generation N: what _watch waits for
 RECOVERY_WAIT_S = 3.0  # after a failed collective, how long a new generation may take to be counted
 REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacement starts, loads its data)
+STUCK_S = 10.0  # after the watch left this rank's group: how long its main thread may stay where it was, idle
 _POLL_S = 0.005
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
 
@@ -198,8 +202,47 @@ def _watch_generations() -> None:
                 return  # the store is gone, not a wait that timed out
             continue
         _disconnect(of=watched)
-        while generation() == watched:  # until this rank recovered (or ended)
-            time.sleep(0.05)
+        _recover_or_end(watched)
+
+
+def _recover_or_end(watched: int) -> None:
+    """Wait until this rank has recovered (or ended); end it (SIGKILL, so that its keeper replaces it) if its
+    main thread stays where it was when the group was given up, idle, for STUCK_S: in a collective that the
+    connections shut down did not end. (Seen under load: DDP's finalize_backward waiting for a bucket's
+    allreduce, while every other rank waited at the next generation.) A main thread that computes there (a
+    long backward pass), or has moved on (its collective failed: to recover()), is let be."""
+    main = threading.main_thread()
+    stuck_at, cpu, since = _where(main), _cpu_s(main.native_id), time.monotonic()
+    while generation() == watched:
+        time.sleep(0.05)
+        if stuck_at is None or _where(main) != stuck_at:
+            break  # it moved on
+        if time.monotonic() - since >= STUCK_S:
+            if _cpu_s(main.native_id) - cpu < 0.05 * STUCK_S and generation() == watched:
+                print(f"trainpod: rank {os.environ.get('RANK')}: still idle in {stuck_at[2]} {STUCK_S:g}s after its "
+                      "group was given up: the rank ends, and its keeper replaces it", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            cpu, since = _cpu_s(main.native_id), time.monotonic()
+    while generation() == watched:  # until this rank recovered (or ended)
+        time.sleep(0.05)
+
+
+def _where(thread: threading.Thread) -> tuple[int, int, str] | None:
+    """Where `thread` is: its innermost Python frame (identity, instruction, and `function (file:line)`)."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return None
+    return id(frame), frame.f_lasti, f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
+
+
+def _cpu_s(tid: int | None) -> float:
+    """The CPU seconds thread `tid` of this process has used (0.0 if unknown)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 @contextlib.contextmanager

@@ -199,6 +199,55 @@ def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the
 
 
 
+STUCK = textwrap.dedent("""
+    import hashlib, os, sys, time
+    from trainpod import inprocess
+
+    inprocess.STUCK_S = 1.0
+    inprocess.init_process_group("gloo")  # a group of 1 whose keeper's store the test hosts
+    print("formed", flush=True)
+    if sys.argv[1] == "idle":  # blocked in a call that nothing ends, as a collective the shut-down connections did not
+        os.read(os.open(os.environ["FIFO"], os.O_RDONLY), 1)
+    else:  # one long call that computes (the GIL released), as a long backward pass
+        hashlib.pbkdf2_hmac("sha256", b"p", b"s", int(sys.argv[2]))
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("main", ["idle", "busy"])
+def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_given_up_ends(tmp_path, main):
+    # Its keeper then replaces it as any dead rank. One that computes is let be: a long backward pass is no hang.
+    import hashlib
+    import time
+    from datetime import timedelta
+
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                                       timeout=timedelta(seconds=30))  # rank 0's keeper's (trainpod.keeper)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    hashlib.pbkdf2_hmac("sha256", b"p", b"s", 100_000)
+    rounds = int(100_000 * 4.0 / (time.monotonic() - started))  # about 4 s of this machine's CPU: four STUCK_S
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
+           inprocess.GENERATION_VAR: "0", "FIFO": str(fifo)}
+    rank = subprocess.Popen([sys.executable, "-c", STUCK, main, str(rounds)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline() == "formed\n"
+        store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of a killed rank does
+        out, err = rank.communicate(timeout=60)
+    finally:
+        rank.kill()
+    if main == "idle":
+        assert rank.returncode == -9, (out, err)
+        assert err.strip().splitlines()[-1].startswith("trainpod: rank 0: still idle in <module> (<string>:")
+        assert err.strip().endswith("1s after its group was given up: the rank ends, and its keeper replaces it")
+    else:
+        assert (rank.returncode, out) == (0, "done\n"), err
+
+
 def meet_all(store_port: int, starts: list[int], world: int | None = None, timeout_s: float = 30) -> list:
     """Ranks 0, 1, ... (threads, each with its own store client) meet from the generations `starts`, in a world
     of `world` ranks (all of them by default); what each returned or raised."""
