@@ -213,18 +213,16 @@ def _recover_or_end(watched: int) -> None:
     long backward pass), or has moved on (its collective failed: to recover()), is let be."""
     main = threading.main_thread()
     stuck_at, cpu, since = _where(main), _cpu_s(main.native_id), time.monotonic()
-    while generation() == watched:
+    while generation() == watched:  # until this rank recovered (or ended)
         time.sleep(0.05)
         if stuck_at is None or _where(main) != stuck_at:
-            break  # it moved on
-        if time.monotonic() - since >= STUCK_S:
+            stuck_at = None  # it moved on
+        elif time.monotonic() - since >= STUCK_S:
             if _cpu_s(main.native_id) - cpu < 0.05 * STUCK_S and generation() == watched:
                 print(f"trainpod: rank {os.environ.get('RANK')}: still idle in {stuck_at[2]} {STUCK_S:g}s after its "
                       "group was given up: the rank ends, and its keeper replaces it", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             cpu, since = _cpu_s(main.native_id), time.monotonic()
-    while generation() == watched:  # until this rank recovered (or ended)
-        time.sleep(0.05)
 
 
 def _where(thread: threading.Thread) -> tuple[int, int, str] | None:
