@@ -17,6 +17,13 @@ from fixtures.ports import free_port  # noqa: E402
 from trainpod import inprocess  # noqa: E402
 
 
+def rank_env(port: int, world: int = 1, **extra: str) -> dict[str, str]:
+    """The environment of a warm rank under a keeper, whose workers' store listens at `port` (set RANK per rank)."""
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
+            inprocess.GENERATION_VAR: "0", **extra}
+
+
 def test_without_a_keeper_nothing_is_recovered(monkeypatch):
     monkeypatch.delenv(inprocess.GENERATION_VAR, raising=False)
     assert not inprocess.enabled() and inprocess.generation() == 0
@@ -146,10 +153,8 @@ def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tm
     # freeing thread holds. The group is kept instead, its connections shut down (_disconnect): also
     # when the script destroyed it before recover() (the harness does, in train()'s `finally`), and
     # only the failed step's objects, which recover() frees, still held it.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
-           inprocess.GENERATION_VAR: "0"}
-    done = subprocess.run([sys.executable, "-c", RECOVER, group], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", RECOVER, group], env=rank_env(free_port()), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "generation 1 [1.0, 1.0]" in done.stdout
 
@@ -173,16 +178,11 @@ WATCHED = textwrap.dedent("""
 """)
 
 
-def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the_next_generation():
+def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the_next_generation(store):
     # What the compose fault test caught under load: a rank waited in a collective on a peer that never
     # answered, and no failure reached it. Its watch shuts its connections down when a generation is counted.
-    from datetime import timedelta
-
-    port = free_port()
-    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                                       timeout=timedelta(seconds=30))  # rank 0's keeper's (trainpod.keeper)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True", inprocess.GENERATION_VAR: "0"}
+    store, port = store
+    env = rank_env(port, world=2)
     ranks = [subprocess.Popen([sys.executable, "-c", WATCHED], env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True) for rank in (0, 1)]
     try:
@@ -215,24 +215,18 @@ STUCK = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("main", ["idle", "busy"])
-def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_given_up_ends(tmp_path, main):
+def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_given_up_ends(tmp_path, main, store):
     # Its keeper then replaces it as any dead rank. One that computes is let be: a long backward pass is no hang.
     import hashlib
     import time
-    from datetime import timedelta
 
-    port = free_port()
-    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                                       timeout=timedelta(seconds=30))  # rank 0's keeper's (trainpod.keeper)
+    store, port = store
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     started = time.monotonic()
     hashlib.pbkdf2_hmac("sha256", b"p", b"s", 100_000)
     rounds = int(100_000 * 4.0 / (time.monotonic() - started))  # about 4 s of this machine's CPU: four STUCK_S
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "entrypoint"), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
-           inprocess.GENERATION_VAR: "0", "FIFO": str(fifo)}
-    rank = subprocess.Popen([sys.executable, "-c", STUCK, main, str(rounds)], env=env, stdout=subprocess.PIPE,
+    rank = subprocess.Popen([sys.executable, "-c", STUCK, main, str(rounds)], env=rank_env(port, FIFO=str(fifo)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert rank.stdout.readline() == "formed\n"
