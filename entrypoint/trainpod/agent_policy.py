@@ -46,7 +46,7 @@ A hung worker group (trainpod.hangwatch, a mixin between this one and torch's ag
 policy as a failed one whose code is 124, already explained by the watch's line.
 
 torch's private API used here (checked by trainpod.agent.torch_internals_missing()):
-LocalElasticAgent._monitor_workers(), _invoke_run(), _shutdown(), _remaining_restarts,
+LocalElasticAgent._monitor_workers(), _invoke_run(), _remaining_restarts,
 _worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs, the c10d
 rendezvous handler's `_store`, the dynamic rendezvous's `_delay` and `_state_holder._cache_duration`
 (_poll_rendezvous_faster()), and its handler's `_bootstrap_store_info` and `_shared_tcp_store_server`
@@ -236,12 +236,17 @@ class AgentPolicy:
         if counted or provisional is not None:
             self.budget.membership_changed()
 
-    def _shutdown(self, *args, **kwargs):
-        # Passed through as given: torch 2.11's takes (death_sig), 2.13's (death_sig, timeout).
-        super()._shutdown(*args, **kwargs)
-        if self.control is not None:
-            self.control.wait_seen()  # node 0: the store goes away with this process
-            self.control.close()  # no request to the store in flight when the interpreter exits
+    def run(self, *args, **kwargs):
+        """torch's run(); then, and only then, JobControl ends. Not in _shutdown(): torch calls that also to
+        stop the ranks before each worker-group restart (_restart_workers -> _stop_workers, and a membership
+        change), and a control closed there froze the master's last answer, so exactly --rejoin-timeout after
+        a restart the other nodes declared a master lost that was still training (issue 29)."""
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            if self.control is not None:
+                self.control.wait_seen()  # node 0: the store goes away with this process
+                self.control.close()  # no request to the store in flight when the interpreter exits
 
     # --- the policy ---
 

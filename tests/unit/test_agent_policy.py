@@ -1,0 +1,62 @@
+"""trainpod.agent_policy: what the agent keeps across the worker groups it starts and stops."""
+
+import time
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+
+from fixtures.ports import free_port  # noqa: E402
+from trainpod import agent_policy, control, hangwatch  # noqa: E402
+
+
+def fixed_size_agent(monkeypatch, tmp_path, node_rank: int):
+    """torch's agent with trainpod's policy, as trainpod.agent builds it, for node `node_rank` of a fixed-size
+    2-node c10d job whose store (node 0's) this process hosts."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    for name, value in {"TRAINPOD_NODE_RANK": str(node_rank), "TRAINPOD_NNODES": "2", "TRAINPOD_MIN_NODES": "2",
+                        "TRAINPOD_PROGRESS_DIR": str(tmp_path), "TRAINPOD_REJOIN_TIMEOUT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TRAINPOD_SUPERVISOR_DIR", raising=False)
+    store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    handler = DynamicRendezvousHandler.from_backend("policy", store, C10dRendezvousBackend(store, "policy"), 2, 2,
+                                                    local_addr="127.0.0.1")
+
+    class Agent(agent_policy.AgentPolicy, hangwatch.WatchedAgent, LocalElasticAgent):
+        pass
+
+    spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=handler, entrypoint="true", max_restarts=3)
+    return Agent(spec, logs_specs=DefaultLogsSpecs())
+
+
+@pytest.mark.parametrize("node_rank", [1, 0], ids=["node 1", "node 0, the store's host"])
+def test_the_job_control_outlives_every_stop_of_the_workers_and_ends_with_the_agent(monkeypatch, tmp_path, node_rank):
+    # Issue 29: torch stops the ranks before every worker-group restart (_restart_workers) and every membership
+    # change through _stop_workers -> _shutdown. JobControl used to close there: from then on the master's last
+    # answer was frozen, and --rejoin-timeout later node 1 declared the live master lost (69).
+    monkeypatch.setattr(control, "POLL_S", 0.05)  # "unreachable" after 2.5 polls without an answer: 0.125 s
+    agent = fixed_size_agent(monkeypatch, tmp_path, node_rank)
+    job_control = agent.control
+    assert job_control is not None and job_control.node_rank == node_rank
+    for _ in range(3):  # three restarts' worth of stops
+        agent._stop_workers(agent._worker_group)
+    time.sleep(20 * control.POLL_S)  # well past the 2.5 polls after which a silent master counts as unreachable
+    assert job_control._thread.is_alive()
+    assert job_control.unreachable_s() == 0.0
+    assert job_control.reachable_now()
+
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    succeeded = RunResult(state=WorkerState.SUCCEEDED, return_values={w.global_rank: None for w in agent._worker_group.workers})
+    monkeypatch.setattr(LocalElasticAgent, "_invoke_run", lambda self, role: succeeded)  # the ranks' part of run()
+    assert agent.run() is succeeded  # torch's run() ends the agent: then, and only then, the control ends
+    assert not job_control._thread.is_alive()
