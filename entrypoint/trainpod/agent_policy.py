@@ -64,6 +64,7 @@ from pathlib import Path
 from trainpod import hangwatch, keeper, log, orphans, progress, restarts, warm
 from trainpod.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.errors import EXIT_UNAVAILABLE
+from trainpod.rendezvous import node_order
 from trainpod.settings import REJOIN_TIMEOUT, WARM_START
 
 _current: AgentPolicy | None = None
@@ -164,6 +165,8 @@ class AgentPolicy:
                 warm.start_server(warm.preload(target))
             else:
                 spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
+        if not self.elastic and node and node.isdigit():
+            node_order.keep(spec.rdzv_handler, self.node_rank)  # global ranks by the platform's node numbering
         _poll_rendezvous_faster(spec.rdzv_handler, self.nnodes)
         _fresh_workers_store(spec.rdzv_handler)
         self.budget = restarts.budget_from_env(spec.max_restarts)

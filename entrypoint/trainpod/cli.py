@@ -190,6 +190,14 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
     return topology, values, target
 
 
+def _global_ranks_row(topology: Topology) -> tuple[str, str, str]:
+    ranks = topology.global_ranks
+    if ranks is None:
+        return ("global_ranks", "(at each rendezvous)", "the rendezvous numbers the nodes: they may change when one leaves or joins")
+    shown = f"{ranks.start}-{ranks.stop - 1}" if len(ranks) > 1 else str(ranks.start)
+    return ("global_ranks", shown, "node_rank x nproc_per_node onwards, at every start and restart")
+
+
 def _explain_table(topology: Topology, command: str | None) -> str:
     rdzv = topology.rdzv
     elastic = f" (elastic: {rdzv.min_nodes} to {rdzv.max_nodes} nodes)" if rdzv.elastic else ""
@@ -200,6 +208,7 @@ def _explain_table(topology: Topology, command: str | None) -> str:
         ("node_rank", topology.node_label, topology.origins.get("node_rank", "")),
         ("nproc_per_node", topology.nproc_per_node, topology.origins.get("nproc_per_node", "")),
         ("world_size", world, "nnodes x nproc_per_node"),
+        _global_ranks_row(topology),
         ("master_addr", topology.master_addr, topology.origins.get("master_addr", "")),
         ("master_port", topology.master_port, topology.origins.get("master_port", "")),
         ("backend", topology.backend, topology.origins.get("backend", "")),

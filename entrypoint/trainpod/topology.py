@@ -107,6 +107,14 @@ class Topology:
         return self.nnodes * self.nproc_per_node
 
     @property
+    def global_ranks(self) -> range | None:
+        """The global ranks this node hosts at every start and restart (trainpod.rendezvous.node_order), or None
+        where the rendezvous numbers the nodes (an elastic job; torch's etcd backend, which has an order of its own)."""
+        if self.node_rank is None or self.rdzv.elastic or self.rdzv.backend == "etcd":
+            return None
+        return range(self.node_rank * self.nproc_per_node, (self.node_rank + 1) * self.nproc_per_node)
+
+    @property
     def is_master(self) -> bool:
         """This node hosts the c10d store (node 0 of a job whose node ranks are known)."""
         return self.node_rank == 0 and self.rdzv.backend == "c10d"
@@ -126,6 +134,7 @@ class Topology:
             "node_rank": self.node_rank,
             "nproc_per_node": self.nproc_per_node,
             "world_size": self.world_size,
+            "global_ranks": None if self.global_ranks is None else [self.global_ranks.start, self.global_ranks.stop - 1],
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "backend": self.backend,

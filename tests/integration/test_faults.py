@@ -2,7 +2,8 @@
 job finishes with final weights bit-identical to an uninterrupted run, with --recovery restart and
 with --recovery in-process (BOTH_RECOVERIES).
 
-Rank 0 is on node0 (the rendezvous orders nodes by address, and node0's is lower), so its step
+Rank 0 is on node0 (a fixed-size job's ranks follow the platform's node numbering:
+trainpod.rendezvous.node_order), so its step
 lines, its checkpoints (on the volume both nodes mount) and its metrics line are node0's.
 """
 

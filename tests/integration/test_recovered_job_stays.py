@@ -104,6 +104,9 @@ def test_a_job_restarted_after_a_killed_rank_trains_past_the_rejoin_timeout_and_
     assert after_kill >= AFTER, both  # the test ran past the timer it set low
     assert "stopped answering" not in both and "went away" not in both, both
     assert "restarting the worker group" in logs[victim], both
-    for log in logs:
+    for node_rank, log in enumerate(logs):
+        # Ranks where the platform put them: node N hosts rank N (1 process a node) in both worker groups,
+        # whichever agent joined the rendezvous first (on one host, torch numbers them by their pids).
+        assert set(re.findall(r"^\[node\d rank\d\]", log, re.M)) == {f"[node{node_rank} rank{node_rank}]"}, both
         assert len(re.findall(r"\] step 0 restart", log)) == 2, both  # each node trained in a second group
         assert "] done" in log, both

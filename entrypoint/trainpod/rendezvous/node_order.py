@@ -1,0 +1,77 @@
+"""Ranks where the platform put them: in a fixed-size job whose nodes the platform numbers (OpenPAI's task
+index, NODE_RANK, SLURM's node id), node N hosts global ranks N x nproc ... N x nproc + nproc - 1 on every
+start and restart, as `trainpod explain` says.
+
+torch's dynamic rendezvous (c10d, trainpod's etcd-v3) ignores --node-rank: when a round completes it numbers
+the nodes in the order of their descriptors (address, then the agent's pid), so on one host, or behind a
+NAT, or with host names that do not sort like the node ranks, rank 0 went to whichever node sorted first:
+the same two-node job printed `[node1 rank0]` on one run and `[node0 rank0]` on the next, and rank 0's
+checkpoints, metrics and logs landed on either node.
+
+Here each node says its rank when it joins a round: the rendezvous state that torch shares between the
+nodes (pickled into the store) carries a map node -> platform rank beside its participants. The node that
+completes the round lets torch number them, then gives each participant its platform rank when every
+participant said one and they are exactly 0..n-1; otherwise (an elastic job, a node without trainpod's
+agent, two nodes that claim one rank) torch's order stands. Which agent hosts the workers' store does not
+change: the workers of every rank connect to it as clients (the agent's store, trainpod.agent_policy).
+
+torch's private API used (checked by trainpod.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
+_add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`,
+and the handler's `_this_node`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+STATE_ATTR = "trainpod_node_ranks"  # on torch's _RendezvousState: {node descriptor: platform node rank}
+
+_wanted: dict = {}  # node descriptor of a handler in this process -> the node rank the platform gave it
+logger = logging.getLogger(__name__)
+
+
+def keep(handler, node_rank: int) -> None:
+    """Make `handler`'s node join every round of its rendezvous as node `node_rank`."""
+    node = getattr(handler, "_this_node", None)
+    if node is None:
+        return  # not torch's dynamic rendezvous (torch's etcd backend numbers the nodes itself)
+    _install()
+    _wanted[node] = node_rank
+
+
+def platform_order(participants, said) -> dict | None:
+    """{node: rank} by the ranks the nodes said, or None when they do not number every participant 0..n-1."""
+    ranks = {node: said.get(node) for node in participants}
+    if sorted(ranks.values(), key=lambda r: -1 if r is None else r) != list(range(len(ranks))):
+        return None
+    return ranks
+
+
+@functools.cache
+def _install() -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _DistributedRendezvousOpExecutor as Executor
+
+    torch_add, torch_complete = Executor._add_to_participants, Executor._mark_rendezvous_complete
+
+    def _add_to_participants(self) -> None:
+        rank = _wanted.get(self._node)
+        if rank is not None:  # said first: the last node to join completes the round inside torch's method
+            self._state.__dict__.setdefault(STATE_ATTR, {})[self._node] = rank
+        torch_add(self)
+
+    def _mark_rendezvous_complete(self) -> None:
+        torch_complete(self)
+        state = self._state
+        said = getattr(state, STATE_ATTR, {})
+        ranks = platform_order(state.participants, said)
+        if ranks is not None:
+            state.participants.update(ranks)
+        elif said:
+            logger.warning("the node ranks %s do not number the %d nodes 0..%d once each: the rendezvous numbers them",
+                           ", ".join(str(said.get(node, "none")) for node in sorted(state.participants)),
+                           len(state.participants), len(state.participants) - 1)
+        state.__dict__.pop(STATE_ATTR, None)  # the next round's nodes say theirs anew
+
+    Executor._add_to_participants = _add_to_participants
+    Executor._mark_rendezvous_complete = _mark_rendezvous_complete

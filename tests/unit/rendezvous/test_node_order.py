@@ -1,0 +1,75 @@
+"""trainpod.rendezvous.node_order: a fixed-size job's nodes get the ranks the platform numbered them with."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+
+from fixtures.ports import free_port  # noqa: E402
+from trainpod.rendezvous import node_order  # noqa: E402
+
+
+def handlers(count: int, run_id: str):
+    """`count` c10d rendezvous handlers of one job in this process: one address and one pid, so torch numbers
+    them in the order they were made (their descriptors' local ids)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    made = []
+    for _ in range(count):  # a client each, as each node's agent has: one client's blocking calls would serialise them
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        made.append(DynamicRendezvousHandler.from_backend(run_id, store, C10dRendezvousBackend(store, run_id), count, count,
+                                                          local_addr="127.0.0.1"))
+    return made, server
+
+
+def rendezvous_ranks(made) -> list[int]:
+    """Each handler's rank after one round that all of them join at once."""
+    ranks = [None] * len(made)
+
+    def join(index):
+        ranks[index] = made[index].next_rendezvous().rank
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(made))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return ranks
+
+
+def test_torch_numbers_the_nodes_by_their_descriptors_whatever_their_node_rank():
+    made, _ = handlers(3, "torch-order")
+    assert rendezvous_ranks(made) == [0, 1, 2]  # torch's order: the one that sorts first gets rank 0
+
+
+def test_each_node_gets_its_platform_rank_in_every_round():
+    made, _ = handlers(3, "platform-order")
+    for handler, node_rank in zip(made, (2, 0, 1)):
+        node_order.keep(handler, node_rank)
+    assert rendezvous_ranks(made) == [2, 0, 1]
+    # A restart: every node leaves the round (next_rendezvous's exit op) and joins the next one.
+    assert rendezvous_ranks(made) == [2, 0, 1]
+
+
+@pytest.mark.parametrize("said", [(1, 1, 0), (0, 1, 5), (1, None, 0)], ids=["two claim one rank", "beyond the nodes",
+                                                                               "one node says none"])
+def test_ranks_that_do_not_number_every_node_leave_torchs_order(said):
+    made, _ = handlers(3, f"bad-{'-'.join(map(str, said))}")
+    for handler, node_rank in zip(made, said):
+        if node_rank is not None:
+            node_order.keep(handler, node_rank)
+    assert rendezvous_ranks(made) == [0, 1, 2]
+
+
+def test_platform_order_is_exactly_a_numbering_of_the_participants():
+    assert node_order.platform_order({"a": 0, "b": 0}, {"a": 1, "b": 0}) == {"a": 1, "b": 0}
+    assert node_order.platform_order({"a": 0, "b": 0}, {"a": 1}) is None
+    assert node_order.platform_order({"a": 0, "b": 0}, {"a": 1, "b": 2}) is None
+    assert node_order.platform_order({"a": 0}, {"a": 0, "gone": 1}) == {"a": 0}  # a node that left says nothing
