@@ -432,12 +432,15 @@ def _first_failure(failures):
     """(global rank, failure) that the job's code comes from. Not a rank killed by SIGTERM if another
     failed otherwise: torch stops the others with SIGTERM as soon as one fails, and lists them too. Then
     one that exited with a code that is never restarted (a usage or configuration error says more than
-    the peers' lost-connection errors), else the earliest."""
+    the peers' lost-connection errors), then one killed by another signal (SIGKILL, the OOM killer,
+    SIGSEGV: its peers then exit with 1 on a lost connection, and a peer's error file carries the time of
+    its exception, which may be earlier than the moment torch saw the killed rank gone), else the earliest."""
     def key(item):
         rank, failure = item
         collateral = failure.exitcode == -signal.SIGTERM
         final = failure.exitcode > 0 and exit_code(failure.exitcode) in restarts.NEVER_RESTARTED
-        return (collateral, not final, failure.timestamp, rank)
+        signalled = failure.exitcode < 0 and not collateral
+        return (collateral, not final, not signalled, failure.timestamp, rank)
 
     return min(failures.items(), key=key)
 

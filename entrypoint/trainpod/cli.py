@@ -167,6 +167,14 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
     example = EXAMPLES.get(values.example)
     fixed = (example.nproc_per_node, f"the example {example.name}") if example and example.nproc_per_node else None
     topology = resolve_topology(Options(**flags), env, resolve_names=resolve_names, nproc_per_node=fixed)
+    try:
+        return _checked_job(args, command, values, example, topology, required)
+    except TrainpodError as error:
+        error.node = error.node or topology.node_label  # like every other line of this node's
+        raise
+
+
+def _checked_job(args: argparse.Namespace, command: list[str], values, example, topology: Topology, required: bool):
     if example and example.max_nodes and topology.nnodes > example.max_nodes:
         origin = topology.origins["nnodes"]
         raise error_for(origin)(f"{origin}={topology.nnodes}: the example {example.name} trains on at most {example.max_nodes} "
@@ -252,7 +260,11 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
 def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     topology, values, target = _job(args, command, os.environ, required=True, resolve_names=False)
     if target.command:
-        check_command(target.command, os.environ)  # not found: 64 here, before any rank (or supervisord) starts
+        try:
+            check_command(target.command, os.environ)  # not found: 64 here, before any rank (or supervisord) starts
+        except TrainpodError as error:
+            error.node = topology.node_label
+            raise
     say = log.writer(topology.node_rank)
     for warning in topology.warnings:  # once per run, not once per restart of the job
         say(f"warning: {warning}")
@@ -304,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"trainpod {args.command}: takes no command after --")
         return COMMANDS[args.command](args, command)
     except TrainpodError as error:
-        print(f"{log.prefix()}: error: {error}", file=sys.stderr)
+        print(f"{log.prefix(error.node)}: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         return 130

@@ -23,6 +23,7 @@ class TrainpodError(Exception):
     """An error the user can fix; printed as one line, never as a traceback."""
 
     exit_code = 1
+    node: str | None = None  # the node's label once it is known: the line then starts `[node1] trainpod: error:`
 
     def __init__(self, message: str, *, exit_code: int | None = None):
         super().__init__(message)

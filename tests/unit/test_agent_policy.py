@@ -60,3 +60,22 @@ def test_the_job_control_outlives_every_stop_of_the_workers_and_ends_with_the_ag
     monkeypatch.setattr(LocalElasticAgent, "_invoke_run", lambda self, role: succeeded)  # the ranks' part of run()
     assert agent.run() is succeeded  # torch's run() ends the agent: then, and only then, the control ends
     assert not job_control._thread.is_alive()
+
+
+def failure(exitcode: int, timestamp: int, local_rank: int = 0):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    made = ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode, error_file="")
+    made.timestamp = timestamp
+    return made
+
+
+def test_a_rank_killed_by_a_signal_is_named_before_the_peers_that_lost_their_connection_to_it():
+    # Issue 29: with --warm-start on, rank 3 was SIGKILLed and node 1 said "rank 2 exited with 1": rank 2's error
+    # file carried the time of its lost-connection exception, earlier than when torch saw rank 3 gone.
+    failures = {2: failure(1, timestamp=100, local_rank=0), 3: failure(-9, timestamp=101, local_rank=1)}
+    assert agent_policy._first_failure(failures)[0] == 3
+    # torch's own SIGTERM of the other ranks is never the cause; a usage error (64) says more than a signal
+    assert agent_policy._first_failure({0: failure(-15, 99), 1: failure(1, 100, 1)})[0] == 1
+    assert agent_policy._first_failure({0: failure(-9, 100), 1: failure(64, 101, 1)})[0] == 1
+    assert agent_policy._first_failure({0: failure(1, 100), 1: failure(1, 99, 1)})[0] == 1  # else the earliest

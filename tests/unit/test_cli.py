@@ -27,12 +27,14 @@ def trainpod(*args, env=None, timeout=60):
 
 
 def one_line_error(result, code):
+    """The one line of a failed command, without the `[nodeN] ` that starts it once the node is known."""
     assert result.returncode == code, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("trainpod: error: ")
+    line = re.sub(r"^\[node\S+\] ", "", lines[0])
+    assert line.startswith("trainpod: error: ")
     assert "Traceback" not in result.stderr
-    return lines[0]
+    return line
 
 
 def test_help_lists_commands_and_exit_codes():
@@ -266,6 +268,11 @@ def error_lines(result):
 
 def test_a_command_that_is_not_there_is_64_before_any_rank_starts(tmp_path):
     assert one_line_error(trainpod("run", "--", "nosuchcmd"), 64) == "trainpod: error: -- nosuchcmd: command not found (searched PATH)"
+    # Issue 29: once the node is known, its error line starts like every other line of the node's
+    node1 = {"MASTER_ADDR": "127.0.0.1", "NNODES": "2", "NODE_RANK": "1"}
+    assert trainpod("run", "--", "nosuchcmd", env=node1).stderr.startswith("[node1] trainpod: error: -- nosuchcmd: ")
+    result = trainpod("run", "--warm-start", "on", "--", "bash", "-c", "true", env=node1)
+    assert result.returncode == 64 and result.stderr.startswith("[node1] trainpod: error: --warm-start=on: "), result.stderr
     script = tmp_path / "train.sh"
     script.write_text("echo hi\n")
     assert "not executable" in one_line_error(trainpod("run", "--", str(script)), 64)
