@@ -158,6 +158,7 @@ class State:
     attempts: int = 1  # attempts so far, both layers
     committed: int = -1  # the newest committed checkpoint seen at a failure
     last: dict[str, Any] | None = None  # the previous failure (asdict(Failure)), None after progress
+    first: dict[str, Any] | None = None  # the first failure since the last progress: an end names it too, if it differs
     final: dict[str, Any] | None = None  # {"code", "line"}: a process decided the job is over
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -209,23 +210,25 @@ class Budget:
         note = ""
         if progressed:
             note = f" (progress since the last failure: {progressed}; the budget is full again)" if state.used else ""
-            state.used, state.last = 0, None
+            state.used, state.last, state.first = 0, None, None
         previous = Failure(**state.last) if state.last else None
+        first = _earlier(state.first, failure)
         if failure.code not in TRANSIENT and failure.same_as(previous):
             detail = f"exit code {failure.code}" + (f", {failure.where}" if failure.where else "")
             self.save(state)
             at = f"twice {failure.at()} without progress" if failure.at() else "twice without progress (no step reported)"
-            return self.end(failure.code, f"the same failure {at}: not restarting ({detail})")
+            return self.end(failure.code, f"the same failure {at}: not restarting ({detail}){first}")
         if state.used >= self.max_restarts:
             self.save(state)
             return self.end(
                 failure.code,
-                f"{failure.who} {describe_code(failure.code)} after {state.attempts} attempt(s), {state.used} restart(s) "
-                f"without progress (--max-restarts {self.max_restarts}): giving up",
+                f"{failure.who} {describe_code(failure.code)}{_at_where(failure)} after {state.attempts} attempt(s), "
+                f"{state.used} restart(s) without progress (--max-restarts {self.max_restarts}): giving up{first}",
             )
         state.used += 1
         state.attempts += 1
         state.last = asdict(failure)
+        state.first = state.first or asdict(failure)
         state.committed = max(state.committed, failure.committed)
         self.save(state)
         return Decision(
@@ -243,7 +246,7 @@ class Budget:
         state = self.load()
         if state.last is not None:
             state.used = max(0, state.used - 1)
-        state.last = None
+        state.last = state.first = None
         state.final = None
         self.save(state)
 
@@ -266,3 +269,21 @@ def budget_from_env(max_restarts: int, env: Mapping[str, str] = os.environ) -> B
 
     window = PROGRESS_WINDOW.from_env(env)[0]
     return Budget(max_restarts, window, env.get("TRAINPOD_SUPERVISOR_DIR") or None)
+
+
+def _at_where(failure: Failure) -> str:
+    """' (ValueError in /app/train.py:12 (step))': where a failure's traceback ended, if it had one."""
+    return f" ({failure.where})" if failure.where else ""
+
+
+def _earlier(first: dict[str, Any] | None, failure: Failure) -> str:
+    """'; the first failure since the last progress was ...' where the job is given up on for another failure than
+    the one that began the streak (a failed download leaves an empty file, the retry dies on the empty file: the
+    download's error is the one to fix)."""
+    if not first:
+        return ""
+    began = Failure(**first)
+    if (began.code, began.where) == (failure.code, failure.where):
+        return ""
+    return f"; the first failure without progress: {began.who} {describe_code(began.code)}{_at_where(began)}"
+

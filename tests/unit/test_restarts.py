@@ -81,7 +81,28 @@ def test_restarts_without_progress_spend_the_budget():
     assert budget.decide(fail(3)).restart and budget.decide(fail(4)).restart
     last = budget.decide(fail(5))
     assert not last.restart and last.code == 5
-    assert last.line == "rank 0 exited with 5 after 3 attempt(s), 2 restart(s) without progress (--max-restarts 2): giving up"
+    assert last.line == ("rank 0 exited with 5 after 3 attempt(s), 2 restart(s) without progress (--max-restarts 2): giving up; "
+                         "the first failure without progress: rank 0 exited with 3")
+
+
+def test_the_end_names_the_first_failure_where_the_last_one_differs():
+    # Issue 29: a failed download left an empty file, and the retry died on the empty file: both are named.
+    download = fail(1, where="URLError in /app/data.py:30 (fetch)")
+    empty = fail(1, where="RuntimeError in /app/train.py:51 (collate)")
+    budget = Budget(1, 600)
+    assert budget.decide(download).restart
+    assert budget.decide(empty).line == (
+        "rank 0 exited with 1 (RuntimeError in /app/train.py:51 (collate)) after 2 attempt(s), 1 restart(s) without progress "
+        "(--max-restarts 1): giving up; the first failure without progress: rank 0 exited with 1 (URLError in /app/data.py:30 (fetch))")
+    budget = Budget(3, 600)  # the same failure twice, after another one first
+    assert budget.decide(download).restart and budget.decide(empty).restart
+    assert budget.decide(empty).line.endswith("; the first failure without progress: rank 0 exited with 1 "
+                                              "(URLError in /app/data.py:30 (fetch))")
+    budget = Budget(1, 600)  # the same failure from the start: nothing more to say
+    assert budget.decide(download).restart and "first failure" not in budget.decide(download).line
+    budget = Budget(5, 600)  # progress since: the streak begins anew
+    assert budget.decide(download).restart and budget.decide(fail(1, committed=10, where=empty.where)).restart
+    assert "first failure" not in budget.decide(fail(1, committed=10, where=empty.where)).line
 
 
 def test_a_newer_committed_checkpoint_gives_the_budget_back():
