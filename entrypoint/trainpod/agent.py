@@ -19,7 +19,9 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 `CONST_WORKER_KEEPALIVE_TTL` (trainpod's --rdzv-conf keep_alive_ttl), the dynamic rendezvous's
 one-second poll (its `_delay` and its state holder's `_cache_duration`: trainpod.agent_policy polls
 faster) and
-`torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`. Checked with torch 2.13.0
+`torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`; and the function that copies
+each rank's log file onto the agent's output, `torch.distributed.elastic.multiprocessing.tail_log.tail_logfile`
+(replaced by trainpod.ranklog's, which TailLog.start() finds by name). Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
 """
@@ -32,7 +34,7 @@ import os
 import signal
 import sys
 
-from trainpod import agent_policy, hangwatch, log
+from trainpod import agent_policy, hangwatch, log, ranklog
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 
 CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
@@ -96,6 +98,7 @@ def torch_internals_missing() -> list[str]:
 
     if "self.stderrs" not in inspect.getsource(PContext.__init__):
         missing.append("PContext.stderrs (local rank -> the file of its stderr)")
+    missing += ranklog.torch_internals_missing()  # tail_log.tail_logfile, as TailLog.start() calls it
     return missing
 
 
@@ -231,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {bad}")
         return EXIT_CONFIG
     _install_agent_class(say, watch, _would_host_c10d_store(args))
+    ranklog.install()  # the ranks' lines whole, a script's error once (torch's tail_logfile replaced)
     code, signalled = _run(run, args, say)
     # torch's launcher closed the rendezvous (it does at any end but a signal); a signal that ended a
     # fixed-size job (SIGTERM, or another node's stop) leaves it open, with this run's nodes in it.

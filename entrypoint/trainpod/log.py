@@ -41,6 +41,9 @@ def writer(node_rank: int | str | None = None) -> Log:
     head = prefix(node_rank)
 
     def log(message: str) -> None:
-        print(f"{head}: {message}", file=sys.stderr, flush=True)
+        # One write: print() writes the message and its newline apart, and a rank's line (trainpod.ranklog,
+        # on another thread of the agent) could land between the two.
+        sys.stderr.write(f"{head}: {message}\n")
+        sys.stderr.flush()
 
     return log
