@@ -21,7 +21,8 @@ one-second poll (its `_delay` and its state holder's `_cache_duration`: trainpod
 faster) and
 `torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`; and the function that copies
 each rank's log file onto the agent's output, `torch.distributed.elastic.multiprocessing.tail_log.tail_logfile`
-(replaced by trainpod.ranklog's, which TailLog.start() finds by name). Checked with torch 2.13.0
+(replaced by trainpod.ranklog's, which TailLog.start() finds by name); and where the dynamic rendezvous
+numbers the nodes (trainpod.rendezvous.node_order). Checked with torch 2.13.0
 (CHECKED_WITH); `torch_internals_missing()` lists what a newer torch no longer has, and a unit test
 (tests/unit/test_agent.py) fails with that list before an upgrade can break a job.
 """
@@ -36,6 +37,7 @@ import sys
 
 from trainpod import agent_policy, hangwatch, log, ranklog
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
+from trainpod.rendezvous import node_order
 
 CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
 
@@ -99,6 +101,7 @@ def torch_internals_missing() -> list[str]:
     if "self.stderrs" not in inspect.getsource(PContext.__init__):
         missing.append("PContext.stderrs (local rank -> the file of its stderr)")
     missing += ranklog.torch_internals_missing()  # tail_log.tail_logfile, as TailLog.start() calls it
+    missing += node_order.torch_internals_missing()  # where the dynamic rendezvous numbers the nodes
     return missing
 
 

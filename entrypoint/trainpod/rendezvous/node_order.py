@@ -48,6 +48,32 @@ def platform_order(participants, said) -> dict | None:
     return ranks
 
 
+def torch_internals_missing() -> list[str]:
+    """What of torch's private API this module uses is missing from the installed torch ([] if nothing)."""
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    executor = getattr(dynamic_rendezvous, "_DistributedRendezvousOpExecutor", None)
+    handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
+    checks = {
+        "_add_to_participants() (where a node joins a round)":
+            lambda: "state.participants[self._node]" in inspect.getsource(executor._add_to_participants),
+        "_mark_rendezvous_complete() (where torch numbers the nodes)":
+            lambda: "sorted(state.participants)" in inspect.getsource(executor._mark_rendezvous_complete),
+        "DynamicRendezvousHandler._this_node": lambda: "self._this_node = node" in inspect.getsource(handler.__init__),
+    }
+    missing = []
+    for what, present in checks.items():
+        try:
+            ok = present()
+        except (AttributeError, TypeError, OSError):
+            ok = False
+        if not ok:
+            missing.append(f"torch.distributed.elastic.rendezvous.dynamic_rendezvous: {what} (trainpod.rendezvous.node_order)")
+    return missing
+
+
 @functools.cache
 def _install() -> None:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _DistributedRendezvousOpExecutor as Executor
