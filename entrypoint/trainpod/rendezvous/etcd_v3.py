@@ -16,7 +16,7 @@ once register() ran in the agent's process, before torchrun creates the handler:
 `read_timeout` (seconds each etcd request may take, and an agent may wait for a key of the
 store, default 60, as torch's c10d backend uses it for its TCPStore), `ttl` (the lease, below;
 default 7200) and those of torch's dynamic rendezvous (join_timeout, last_call_timeout,
-close_timeout, heartbeat, keep_alive_interval, keep_alive_max_attempt).
+close_timeout, heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt).
 
 The state. torch's DynamicRendezvousHandler keeps the whole rendezvous (participants, wait list,
 heartbeats, round, closed) in one opaque byte string and asks its backend only to read it and to
