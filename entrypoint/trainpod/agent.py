@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     # torch's launcher closed the rendezvous (it does at any end but a signal); a signal that ended a
     # fixed-size job (SIGTERM, or another node's stop) leaves it open, with this run's nodes in it.
     elastic = int(os.environ.get("TRAINPOD_MIN_NODES", "0") or 0) < int(os.environ.get("TRAINPOD_NNODES", "0") or 0)
-    if not signalled or not elastic:
+    policy = agent_policy.current()
+    left_open = policy is not None and policy.left_open  # for the other nodes: the job is not over
+    if (not signalled or not elastic) and not left_open:
         _next_generation(args.rdzv_endpoint, args.rdzv_backend, say)
     return code
 

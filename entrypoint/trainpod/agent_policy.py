@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -169,6 +170,9 @@ class AgentPolicy:
             node_order.keep(spec.rdzv_handler, self.node_rank)  # global ranks by the platform's node numbering
         _poll_rendezvous_faster(spec.rdzv_handler, self.nnodes)
         _fresh_workers_store(spec.rdzv_handler)
+        self.left_open = False  # an elastic job's rendezvous this agent did not close on its way out
+        if self.elastic:
+            self._close_only_at_the_end(spec.rdzv_handler)
         self.budget = restarts.budget_from_env(spec.max_restarts)
         self.rejoin_timeout = REJOIN_TIMEOUT.from_env(os.environ)[0]
         self.final: restarts.Decision | None = None
@@ -190,6 +194,31 @@ class AgentPolicy:
             self.control = JobControl(store, node_rank=self.node_rank, nnodes=self.nnodes, is_host=self.node_rank == 0,
                                       master=self.store, committed=lambda: restarts.reported(self._progress_dir)[0],
                                       say=self._say)
+
+    def _close_only_at_the_end(self, handler) -> None:
+        """torch's launcher closes the rendezvous whenever its agent ends but by a signal: also when this node's
+        agent fails and is about to be retried (its own rendezvous timed out, it crashed, a master that may come
+        back). In an elastic job the other nodes still train in that rendezvous: closed, the retried agent then
+        met in the job's next generation alone and trained a second copy of the job beside them (both at world
+        1, one checkpoint directory). Here the agent closes it only when the job is over: it ended without an
+        error, the policy decided its end, or the rendezvous is closed already."""
+        from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
+
+        torch_shutdown = handler.shutdown
+
+        def shutdown() -> bool:
+            error = sys.exc_info()[1]  # called from the launcher's `finally`, with its exception in flight
+            over = (error is None or self.final is not None
+                    or isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError, JobEnded))
+                    or (isinstance(error, MasterLost) and error.final))
+            if over:
+                return torch_shutdown()
+            self.left_open = True
+            self._say(f"leaving the rendezvous open for the other nodes ({type(error).__name__}): this node's agent "
+                      "may be started again and join them")
+            return False
+
+        handler.shutdown = shutdown
 
     # --- torch's hooks ---
 
