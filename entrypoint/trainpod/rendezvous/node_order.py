@@ -56,11 +56,15 @@ def torch_internals_missing() -> list[str]:
 
     executor = getattr(dynamic_rendezvous, "_DistributedRendezvousOpExecutor", None)
     handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
+    def torchs(name):  # torch's own method, also once _install() wrapped it
+        method = getattr(executor, name)
+        return getattr(method, "torch_method", method)
+
     checks = {
         "_add_to_participants() (where a node joins a round)":
-            lambda: "state.participants[self._node]" in inspect.getsource(executor._add_to_participants),
+            lambda: "state.participants[self._node]" in inspect.getsource(torchs("_add_to_participants")),
         "_mark_rendezvous_complete() (where torch numbers the nodes)":
-            lambda: "sorted(state.participants)" in inspect.getsource(executor._mark_rendezvous_complete),
+            lambda: "sorted(state.participants)" in inspect.getsource(torchs("_mark_rendezvous_complete")),
         "DynamicRendezvousHandler._this_node": lambda: "self._this_node = node" in inspect.getsource(handler.__init__),
     }
     missing = []
@@ -99,5 +103,7 @@ def _install() -> None:
                            len(state.participants), len(state.participants) - 1)
         state.__dict__.pop(STATE_ATTR, None)  # the next round's nodes say theirs anew
 
+    _add_to_participants.torch_method = torch_add  # type: ignore[attr-defined]
+    _mark_rendezvous_complete.torch_method = torch_complete  # type: ignore[attr-defined]
     Executor._add_to_participants = _add_to_participants
     Executor._mark_rendezvous_complete = _mark_rendezvous_complete
