@@ -102,6 +102,11 @@ def torch_internals_missing() -> list[str]:
         missing.append("PContext.stderrs (local rank -> the file of its stderr)")
     missing += ranklog.torch_internals_missing()  # tail_log.tail_logfile, as TailLog.start() calls it
     missing += node_order.torch_internals_missing()  # where the dynamic rendezvous numbers the nodes
+    from torch.distributed import distributed_c10d
+
+    for name in ("_set_pg_timeout", "_get_default_timeout"):  # trainpod.inprocess: a re-formed group's timeout
+        if not callable(getattr(distributed_c10d, name, None)):
+            missing.append(f"torch.distributed.distributed_c10d.{name}() (trainpod.inprocess: a re-formed group's timeout)")
     return missing
 
 

@@ -316,6 +316,12 @@ def _join(number: int, backend: str, device_id, store=None) -> int:
     with _recording():
         dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store), rank=rank,
                                 world_size=world, timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
+    # Formed: from now on its collectives wait as long as generation 0's (torch's default for the backend, as
+    # env:// gave it), not REFORM_TIMEOUT_S, which bounds only the forming. A re-formed group whose collectives
+    # timed out after 60 s ended a recovered job at the first longer wait (a slow checkpoint or evaluation on
+    # one rank): a timer that the recovery started (issue 29).
+    c10d = dist.distributed_c10d
+    c10d._set_pg_timeout(c10d._get_default_timeout(backend))
     _formed()
     return number
 
