@@ -1,4 +1,5 @@
-"""A user's image FROM trainpod:cpu, run as a 2-node job with plain `docker run`-style variables."""
+"""A user's image FROM trainpod:cpu with a Python package added, run as a 2-node job with plain `docker run`-style
+variables in the README's hardened container (read-only root, a tmpfs /tmp, no capabilities)."""
 
 import re
 import subprocess
@@ -13,6 +14,8 @@ from fixtures.static_nodes import static_node
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 CONTEXT = __file__.rsplit("/", 1)[0] + "/derived"
+# docker run --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges
+HARDENED = {"read_only": True, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "shm_size": "512m"}
 
 
 @pytest.fixture
@@ -26,7 +29,8 @@ def derived_image(docker_ready):
 def node(image, network, rank):
     return (
         static_node(image, network, rank, nproc=2)
-        .with_kwargs(shm_size="512m")
+        .with_kwargs(**HARDENED)
+        .with_tmpfs_mount("/tmp")
     )
 
 
@@ -35,7 +39,9 @@ def test_users_script_runs_as_a_two_node_job(derived_image):
         results = [container.get_wrapped_container().wait(timeout=300) for container in (node0, node1)]
         logs = ["".join(part.decode() for part in container.get_logs()) for container in (node0, node1)]
     assert [r["StatusCode"] for r in results] == [0, 0], "\n".join(log[-2000:] for log in logs)
-    lines = re.findall(r"user-script rank=(\d) world=4 node=(\d) weights=(\w+)", "".join(logs))
-    assert sorted(int(rank) for rank, _, _ in lines) == [0, 1, 2, 3]
-    assert len({digest for _, _, digest in lines}) == 1
+    lines = re.findall(r"user-script rank=(\d) world=4 node=(\d) weights=(\w+) (.*)", "".join(logs))
+    assert sorted(int(rank) for rank, _, _, _ in lines) == [0, 1, 2, 3]
+    assert len({digest for _, _, digest, _ in lines}) == 1
+    # Every rank imported the package the image's pip installed, runs as uid 1000 and cannot change it (root's).
+    assert {package for _, _, _, package in lines} == {"mypkg=1.0 uid=1000 owner=0 writable=False"}
     assert "[node1 rank3] user-script rank=3" in logs[1]

@@ -1,9 +1,10 @@
-"""A user's training script: plain torch.distributed, nothing from trainpod."""
+"""A user's training script: plain torch.distributed, nothing from trainpod, and a package its image added."""
 
 import hashlib
 import os
 import time
 
+import mypkg
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -23,7 +24,10 @@ def main():
         loss.backward()
         optimizer.step()
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    print(f"user-script rank={rank} world={world} node={os.environ.get('GROUP_RANK')} weights={digest}", flush=True)
+    # The package the image added imports, and the job (uid 1000) cannot change it.
+    owner, writable = os.stat(mypkg.__file__).st_uid, os.access(mypkg.__file__, os.W_OK)
+    package = f"mypkg={mypkg.__version__} uid={os.getuid()} owner={owner} writable={writable}"
+    print(f"user-script rank={rank} world={world} node={os.environ.get('GROUP_RANK')} weights={digest} {package}", flush=True)
     # Every rank done; then give gloo's thread the GIL to free the last collective before teardown.
     dist.barrier()
     time.sleep(0.2)
