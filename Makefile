@@ -111,7 +111,7 @@ TRAINPOD_SRC := $(shell find entrypoint -type f -not -path '*/__pycache__/*' \
 	-not -path '*.egg-info/*' -not -path 'entrypoint/build/*')
 
 .PHONY: help setup base wheelhouse images images-cuda $(IMAGES) $(FLAVORS:%=source-%) dev lint test test-cuda demo \
-	bench clean clean-images job-protocols demo-slurm demo-elastic FORCE
+	bench soak clean clean-images job-protocols demo-slurm demo-elastic FORCE
 
 help: ## list the targets
 	@grep -E '^([a-z-]+|\$$\(IMAGES\)):.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' \
@@ -306,6 +306,14 @@ demo-elastic: setup images ## an elastic job (compose/elastic: 3 etcd members, 3
 
 bench: images ## benchmarks
 	$(PYTHON) bench/run.py
+
+# bench/soak.py: the uninterrupted reference run, then each configuration (restart and in-process recovery, warm start
+# on and off) for about SOAK_MINUTES of training under a fault schedule: about 4 x SOAK_MINUTES in all. SOAK_ARGS: more
+# of its flags (--configs, --reference CHECKSUM to skip the reference run).
+SOAK_MINUTES ?= 30
+SOAK_ARGS ?=
+soak: images ## the soak test: the 2-node job under a fault schedule, SOAK_MINUTES per configuration (4 x that in all)
+	$(PYTHON) bench/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 clean: ## remove build/ and caches
 	rm -rf build .pytest_cache .ruff_cache entrypoint/build
