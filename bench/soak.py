@@ -8,22 +8,23 @@ twice the longest of them, with nothing happening that no fault caused: no resta
 line on either node. Then the next fault, until the job nears its end.
 
 The job: compose/pai-2node with tests/integration/compose/pai-2node-faults.yaml (2 containers x 2 ranks,
-cifar10-ddp on synthetic data, a step line per step, a checkpoint every 4 steps), --epochs scaled to --minutes
-(STEP_S). The first fault of every run is a checkpoint write killed (TRAINPOD_FAILPOINTS=checkpoint-write@12: rank 0
-dies between the bytes and the rename; another every FAILPOINT_EVERY_MIN minutes of steps), then in turn (CYCLE):
-SIGKILL of a rank on node0, SIGKILL of a rank on node1, SIGSTOP of a rank for STOP_S (< --hang-timeout: it must cost
-nothing) then SIGCONT, and node1's container killed and started again (a node lost and back). Not in the schedule, by
-design: `docker stop` of one node (SIGTERM ends the whole job with 143, trainpod.control's stop key) and the loss of
-node0 (it hosts the rendezvous store: away for longer than --rejoin-timeout, the job ends with 69, and its container
-takes 10 s or more to start here).
+cifar10-ddp on synthetic data, a step line per step, a checkpoint every 4 steps), --epochs scaled to --minutes (at
+STEP_S: a loaded machine takes longer). The first fault of every run is a checkpoint write killed
+(TRAINPOD_FAILPOINTS=checkpoint-write@12: rank 0 dies between the bytes and the rename; another every
+FAILPOINT_EVERY_MIN minutes of steps), then in turn (CYCLE): SIGKILL of a rank on node0, SIGKILL of a rank on node1,
+SIGSTOP of a rank for STOP_S (< --hang-timeout: it must cost nothing) then SIGCONT, and node1's container killed and
+started again (a node lost and back). Not in the schedule, by design: `docker stop` of one node (SIGTERM ends the whole
+job with 143, trainpod.control's stop key) and the loss of node0 (it hosts the rendezvous store: away for longer than
+--rejoin-timeout, the job ends with 69, and its container takes 10 s or more to start here).
 
 The configurations (CONFIGS): --recovery restart with --warm-start on and off, and --recovery in-process, which needs a
 warm start (with --warm-start off `trainpod run` refuses it in one line: that combination does not exist). Each passes
 when both nodes exit 0, rank 0's checksum is the uninterrupted run's (one reference run of the same steps, or
---reference), and every fault was followed by SETTLE_S of clean training. One line per configuration, e.g.
+--reference), and every fault was followed by SETTLE_S of clean training. One line per configuration, e.g. (9024
+steps, 2026-11-26, this 2-core host at a load of 5 from other work)
 
-    soak restart/warm-on: exit 0/0, checksum identical, 9 faults, 8 recoveries in 0.8-31.0 s (median 1.2), SIGSTOP 4 s
-    x2: next step 0.1-0.2 s after SIGCONT, 21 steps lost, >= 20.3 s clean after each, 31.2 min
+    soak restart/warm-on: exit 0/0, checksum identical, 39 faults, 30 recoveries in 1.0-15.5 s (median 1.6; ...),
+    SIGSTOP 4 s x9: next step 0.0-0.2 s after SIGCONT, 65 steps lost, >= 20.0 s clean after each, 16.8 min
 
 Recovery: from the fault (the return of `docker exec kill` or `docker kill`; the failpoint's own line) to the first
 step line of rank 0 after its resume, by Docker's timestamps of the lines. Steps lost: for each resume, rank 0's last
@@ -74,7 +75,7 @@ GRACE_S = 1.0  # after a recovery's first step: lines of the recovery still on t
 SAMPLES = 4096  # synthetic samples: 32 steps an epoch (4 ranks x batch 32)
 STEPS_PER_EPOCH = SAMPLES // (4 * 32)
 CHECKPOINT_EVERY = 4  # pai-2node-faults.yaml
-STEP_S = 0.2  # a step of this job on an idle 2-core host (0.18 s measured): --minutes -> epochs
+STEP_S = 0.1  # a step of this job on this 2-core host (median 0.10 s at a load of 5, 0.18 s at 9): --minutes -> epochs
 FIRST_FAULT_STEP = 2 * CHECKPOINT_EVERY
 FAILPOINT_EVERY_MIN = 10  # after the first fault, a checkpoint write killed every this many minutes of job
 RECOVERY_TIMEOUT_S = 300  # no step this long after a fault: a failed recovery
@@ -246,7 +247,9 @@ class Result:
         parts = [f"exit {codes}", f"checksum {same}", f"{len(self.faults)} faults"]
         if recovered:
             seconds = sorted(f.recovery_s for f in recovered)
-            parts.append(f"{len(recovered)} recoveries in {seconds[0]:.1f}-{seconds[-1]:.1f} s (median {statistics.median(seconds):.1f})")
+            kinds = {f.kind: statistics.median(g.recovery_s for g in recovered if g.kind == f.kind) for f in recovered}
+            parts.append(f"{len(recovered)} recoveries in {seconds[0]:.1f}-{seconds[-1]:.1f} s (median {statistics.median(seconds):.1f}; "
+                         + ", ".join(f"{kind} {median:.1f}" for kind, median in kinds.items()) + ")")
         if stops:
             seconds = sorted(f.recovery_s for f in stops)
             parts.append(f"SIGSTOP {STOP_S} s x{len(stops)}: next step {seconds[0]:.1f}-{seconds[-1]:.1f} s after SIGCONT")
@@ -325,8 +328,8 @@ def reference_run(steps: int, subnet: str, out: Path) -> str:
     finish(job, out, result, timeout=steps * STEP_S * 4 + 600)
     if result.codes != {"node0": 0, "node1": 0} or result.problems or not result.checksum:
         raise SoakFailure(f"the reference run failed: exit {result.codes}, {result.problems}; logs in {out}")
-    print(f"soak reference: {steps} steps, checksum {result.checksum[:16]}..., {(time.monotonic() - started) / 60:.1f} min",
-          flush=True)
+    print(f"soak reference: {steps} steps, {(time.monotonic() - started) / 60:.1f} min, checksum {result.checksum} "
+          "(--reference reuses it)", flush=True)
     return result.checksum
 
 
