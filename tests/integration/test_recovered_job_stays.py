@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from fixtures.ports import free_port
+from fixtures.processes import script_rank_pid
 
 pytest.importorskip("torch")
 
@@ -55,18 +55,6 @@ def node(tmp: Path, node_rank: int, port: int, *flags: str, steps: int) -> subpr
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def rank_pid(job: subprocess.Popen, script: str = "long.py") -> int | None:
-    """The pid of the job's rank: the process that runs the script (a warm rank runs it from a forked server)."""
-    for process in psutil.Process(job.pid).children(recursive=True):
-        try:
-            # the rank: it runs the script and has no child (a wrapper or the warm server has)
-            if any(script in part for part in process.cmdline()) and not process.children():
-                return process.pid
-        except psutil.NoSuchProcess:
-            continue
-    return None
-
-
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not (found := predicate()):
@@ -82,7 +70,7 @@ def run_and_kill(tmp: Path, victim_node: int, *flags: str, steps: int) -> tuple[
     try:
         log = tmp / f"node{victim_node}.log"
         wait_for(lambda: "step 10 restart 0" in log.read_text(), 120, f"no step 10 on node {victim_node}")
-        os.kill(wait_for(lambda: rank_pid(jobs[victim_node]), 10, "no rank found"), signal.SIGKILL)
+        os.kill(wait_for(lambda: script_rank_pid(jobs[victim_node].pid, "long.py"), 10, "no rank found"), signal.SIGKILL)
         killed = time.monotonic()
         codes = [job.wait(timeout=AFTER + steps * 0.3 + 120) for job in jobs]
         ended = time.monotonic()

@@ -56,6 +56,7 @@ import psutil
 import pytest
 
 from fixtures.ports import free_port
+from fixtures.processes import script_rank_pid
 
 pytest.importorskip("torch")
 
@@ -174,13 +175,7 @@ class Node:
     def rank_pid(self, script: str) -> int | None:
         """The pid of the node's rank: the process that runs the script and has no child (a wrapper or the
         warm server has one)."""
-        for process in self.processes():
-            try:
-                if any(script in part for part in process.cmdline()) and not process.children():
-                    return process.pid
-            except psutil.NoSuchProcess:
-                continue
-        return None
+        return script_rank_pid(self.proc.pid, script)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
