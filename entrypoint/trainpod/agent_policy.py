@@ -308,7 +308,8 @@ class AgentPolicy:
             committed = max(committed, control.job_committed)
         stderr = getattr(self._pcontext, "stderrs", {}).get(first.local_rank) if self._pcontext else None
         failure = restarts.Failure(code=code, committed=committed, step=step,
-                                   where="hang" if hangwatch.is_hang(first) else restarts.read_where(stderr) if first.exitcode > 0 else "",
+                                   # a hang's code (124) already says what happened; the stopped rank's stderr ends in no traceback of its own
+                                   where="" if hangwatch.is_hang(first) else restarts.read_where(stderr) if first.exitcode > 0 else "",
                                    ran_s=time.monotonic() - self._attempt_started, who=f"rank {rank}")
         for global_rank, each in sorted(result.failures.items()):
             self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_failure(each)}")

@@ -5,8 +5,12 @@ whose rank is SIGKILLed is restarted, and the job trains on past --rejoin-timeou
 
 The scripts are a user's own (tests/integration/compose/scripts): one with no checkpoint (each attempt
 starts at step 0) and a DDP script with snapshots of its own; the bundled examples are make soak's
-(bench/soak.py, tests/integration/test_soak.py)."""
+(bench/soak.py, tests/integration/test_soak.py).
 
+STAYS_STEPS sets the steps of each attempt: `STAYS_STEPS=6500 pytest tests/integration/test_compose_stays_recovered.py`
+is the long form (at 0.1 s a step, more than 10 minutes of training after the kill)."""
+
+import os
 import re
 import time
 
@@ -20,7 +24,7 @@ COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
 USER_SCRIPT = REPO / "tests" / "integration" / "compose" / "pai-2node-user-script.yaml"
 SCRIPTS = REPO / "tests" / "integration" / "compose" / "scripts"
 REJOIN = 5
-STEPS = 200  # 0.1 s a step at least: an attempt from step 0 (or from a snapshot at step <= 60) trains > 3 x REJOIN
+STEPS = int(os.environ.get("STAYS_STEPS", 200))  # 0.1 s a step at least: an attempt from step 0 (or from a snapshot at step <= 60) trains > 3 x REJOIN
 
 
 @pytest.mark.parametrize(("script", "subnet"), [("no_checkpoint.py", "10.151.47"), ("own_snapshot.py", "10.151.48")])
@@ -37,13 +41,14 @@ def test_a_users_script_restarted_after_a_killed_rank_trains_past_the_rejoin_tim
         pid = job.compose("exec", "-T", "node1", "sh", "-c", find_rank(3)).stdout.split()[0]
         job.compose("exec", "-T", "node1", "kill", "-9", pid)
         killed = time.monotonic()
-        codes = job.wait("node0", "node1", timeout=400)
+        codes = job.wait("node0", "node1", timeout=400 + STEPS * 0.3)
         ended = time.monotonic()
         logs = {node: job.logs(node) for node in ("node0", "node1")}
     finally:
         job.down()
     both = logs["node0"][-4000:] + logs["node1"][-4000:]
     assert codes == {"node0": 0, "node1": 0}, both
+    print(f"{script}: trained {ended - killed:.0f} s after the kill, {STEPS} steps an attempt, exit 0 on both nodes")
     assert ended - killed >= 3 * REJOIN, both  # the job trained past the timer it set low
     assert "rank 3 (local rank 1) was killed by SIGKILL" in logs["node1"], both
     assert "stopped answering" not in both and "went away" not in both, both
