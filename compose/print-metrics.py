@@ -20,7 +20,8 @@ print(f"  dataset           {m['dataset']}, {m['epochs']} epochs, {m['steps']} s
 print(f"  loss              {m['loss_curve'][0][1]:.4f} -> {m['final_loss']:.4f}")
 print(f"  test accuracy     {m['test_accuracy']:.3f}")
 print(f"  samples/s         {m['samples_per_sec']:.1f}")
-print(f"  weights checksum  {m['checksum'][:16]}... ({'identical on all' if same else 'DIFFERENT across'} {len(m['rank_checksums'])} ranks)")
+agree = "identical on all" if same else "DIFFERENT across"
+print(f"  weights checksum  {m['checksum'][:16]}... ({agree} {len(m['rank_checksums'])} ranks)")
 exact = m.get("exactly_once", True)
 if "exactly_once" in m:  # an elastic example: its ledger and the worlds it trained on
     worlds = " -> ".join(f"{world} from step {step}" for step, world, _ in m["membership"])

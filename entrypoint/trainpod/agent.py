@@ -15,8 +15,10 @@ torch offers no hook for these changes, so the agent relies on some of torch's p
 `torch.distributed.launcher.api.LocalElasticAgent` (replaced by a subclass), and in the subclass
 `_monitor_workers()`, `_start_workers()`, `_invoke_run()`, `_shutdown()`, `_rendezvous()` (then
 `_worker_group.group_world_size`), `_remaining_restarts`, `_worker_group`, `_start_method` (trainpod.warm),
-`_pcontext.stderrs`, the c10d rendezvous handler's `_store`, the etcd backend's module constant
-`CONST_WORKER_KEEPALIVE_TTL` (trainpod's --rdzv-conf keep_alive_ttl), the dynamic rendezvous's
+`_pcontext.stderrs`, and its processes (`subprocess_handlers`, or a warm start's `_pc.processes`: which ranks
+exited 0), the c10d rendezvous handler's `_store`, the etcd backend's module constant
+`CONST_WORKER_KEEPALIVE_TTL` (trainpod's --rdzv-conf keep_alive_ttl) and its `_create_etcd_client()`
+(wrapped to give python-etcd etcd's user and password: trainpod.rendezvous.etcd_http.EtcdAccess), the dynamic rendezvous's
 one-second poll (its `_delay` and its state holder's `_cache_duration`: trainpod.agent_policy polls
 faster) and
 `torch.distributed.elastic.rendezvous.utils._matches_machine_hostname()`; and the function that copies
@@ -35,9 +37,11 @@ import os
 import signal
 import sys
 
-from trainpod import agent_policy, hangwatch, log, ranklog
-from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
+from trainpod import agent_policy, hangwatch, log, ranklog, supervise
+from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError
 from trainpod.rendezvous import node_order
+from trainpod.rendezvous.conf import KEEP_ALIVE_TTL, KEEP_ALIVE_TTL_RANGE
+from trainpod.rendezvous.etcd_http import EtcdAccess
 
 CHECKED_WITH = ("2.13.0",)  # torch versions the private API below was read and tested against
 
@@ -61,6 +65,10 @@ def torch_internals_missing() -> list[str]:
     if not isinstance(getattr(etcd_rendezvous, "CONST_WORKER_KEEPALIVE_TTL", None), int):
         missing.append("torch.distributed.elastic.rendezvous.etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL (--rdzv-conf "
                        "keep_alive_ttl)")
+    creator = getattr(etcd_rendezvous, "_create_etcd_client", None)
+    if not callable(creator) or "_create_etcd_client(params)" not in inspect.getsource(etcd_rendezvous.create_rdzv_handler):
+        missing.append("torch.distributed.elastic.rendezvous.etcd_rendezvous._create_etcd_client(params), called by "
+                       "create_rdzv_handler (wrapped: etcd's user and password for python-etcd)")
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     executor = getattr(dynamic_rendezvous, "_DistributedRendezvousOpExecutor", None)
@@ -100,6 +108,12 @@ def torch_internals_missing() -> list[str]:
 
     if "self.stderrs" not in inspect.getsource(PContext.__init__):
         missing.append("PContext.stderrs (local rank -> the file of its stderr)")
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, SubprocessContext
+
+    if "self.subprocess_handlers" not in inspect.getsource(SubprocessContext):
+        missing.append("SubprocessContext.subprocess_handlers (each rank's Popen: which ranks exited 0, trainpod.agent_policy)")
+    if "self._pc" not in inspect.getsource(MultiprocessContext):
+        missing.append("MultiprocessContext._pc (the warm ranks' processes: which exited 0, trainpod.agent_policy)")
     missing += ranklog.torch_internals_missing()  # tail_log.tail_logfile, as TailLog.start() calls it
     missing += node_order.torch_internals_missing()  # where the dynamic rendezvous numbers the nodes
     from torch.distributed import distributed_c10d
@@ -145,6 +159,7 @@ def _prefix_logs(prefix: str) -> None:
     for logger in loggers:
         for handler in logger.handlers:
             handler.setFormatter(_PrefixedFormatter(handler.formatter, prefix))
+            handler.addFilter(log.ASIDE)  # torch's lines about a failure trainpod names: in the run's agent.log
 
 
 def _report(failures, say: log.Log) -> None:
@@ -187,10 +202,6 @@ def _rdzv_conf(args) -> dict[str, str]:
     return dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
 
 
-KEEP_ALIVE_TTL = "keep_alive_ttl"  # trainpod's --rdzv-conf key for torch's etcd backend
-KEEP_ALIVE_TTL_RANGE = (2, 3600)
-
-
 def _set_etcd_keep_alive_ttl(args) -> str | None:
     """torch's etcd backend keeps each node in a rendezvous by a key with a TTL that is a module constant
     (10 s, renewed every 5 s), so a lost node is seen up to 10 s late. --rdzv-conf keep_alive_ttl=N
@@ -205,6 +216,36 @@ def _set_etcd_keep_alive_ttl(args) -> str | None:
     from torch.distributed.elastic.rendezvous import etcd_rendezvous
 
     etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = int(value)  # read by the backend each time it sets or renews the key
+    return None
+
+
+def _etcd_access(args) -> EtcdAccess:
+    """etcd's TLS files (the agent's --rdzv-conf) and user (TRAINPOD_ETCD_*), as the launch plan passed them."""
+    return EtcdAccess.from_env(_rdzv_conf(args))
+
+
+def _give_etcd_credentials(args) -> str | None:
+    """torch's etcd backend makes its python-etcd client with TLS from --rdzv-conf (protocol, cacert, cert, key)
+    and never with a user, though python-etcd sends one (username/password: HTTP basic auth on every request
+    of etcd's v2 API). So torch's client creator is wrapped to set them, the password read here, once.
+    Returns the error line for a password that cannot be read, None otherwise."""
+    access = _etcd_access(args)
+    if args.rdzv_backend != "etcd" or not access.user:
+        return None
+    try:
+        password = access.password()
+    except TrainpodError as error:
+        return str(error)
+    from torch.distributed.elastic.rendezvous import etcd_rendezvous
+
+    create = etcd_rendezvous._create_etcd_client
+
+    def create_with_user(params):
+        client = create(params)
+        client.username, client.password = access.user, password  # python-etcd builds each request's header from them
+        return client
+
+    etcd_rendezvous._create_etcd_client = create_with_user
     return None
 
 
@@ -226,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
 
     _prefix_logs(log.tag(node) + " ")
     watch = hangwatch.Watch.from_env(node, say)  # --hang-timeout (TRAINPOD_HANG_TIMEOUT), None when 0
+    # A rank's stdout is a file (torchrun's tee), which Python buffers in blocks of 8 KiB: `python train.py` (a
+    # command, not an example: those run -u) showed its lines when the job ended, wherever trainpod's output went.
+    # Unbuffered, each line reaches the file when printed, and the tee copies it on. The user's own value stands.
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")  # the ranks inherit the agent's environment
     if watch is not None:
         os.environ.update(watch.environment())  # the ranks inherit the agent's environment
     # trainpod's own rendezvous backend (etcd's v3 API) must be in torch's registry before the launcher
@@ -237,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = get_args_parser()
     argv = _without_unknown_shutdown_timeout(parser, sys.argv[1:] if argv is None else argv, say)
     args = parser.parse_args(argv)
-    bad = _set_etcd_keep_alive_ttl(args)
+    bad = _set_etcd_keep_alive_ttl(args) or _give_etcd_credentials(args)
     if bad:
         say(f"error: {bad}")
         return EXIT_CONFIG
@@ -250,11 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     policy = agent_policy.current()
     left_open = policy is not None and policy.left_open  # for the other nodes: the job is not over
     if (not signalled or not elastic) and not left_open:
-        _next_generation(args.rdzv_endpoint, args.rdzv_backend, say)
+        endpoint = args.rdzv_endpoint
+        if args.rdzv_backend == "etcd" and _rdzv_conf(args).get("protocol") == "https":
+            endpoint = f"https://{endpoint}"  # (torch's etcd backend takes the scheme as protocol=https)
+        _next_generation(endpoint, args.rdzv_backend, say, _etcd_access(args))
     return code
 
 
-def _next_generation(endpoint: str, backend: str, say: log.Log) -> None:
+def _next_generation(endpoint: str, backend: str, say: log.Log, access: EtcdAccess | None = None) -> None:
     """With etcd: this run is over, so the job's next run meets in the next generation
     (trainpod.rendezvous.generation). Best effort: with etcd gone now, the next run of the job would
     meet this run's closed rendezvous, and the warning says so. Only a closed rendezvous needs a new
@@ -268,7 +316,7 @@ def _next_generation(endpoint: str, backend: str, say: log.Log) -> None:
     from trainpod.rendezvous.etcd_http import EtcdClient
 
     try:
-        client = EtcdClient(endpoint, 5.0)
+        client = EtcdClient(endpoint, 5.0, access)
         run_id = generation.run_id(base, int(number))
         if backend == etcd_v3.NAME and etcd_v3.closed(client, run_id) is False:
             say(f"the rendezvous {run_id} is still open (its close did not reach etcd): the job's next run meets in it")
@@ -300,8 +348,9 @@ def _run(run, args, say: log.Log) -> tuple[int, bool]:
     except SignalException as error:
         if getattr(error, "code", None) is not None:  # another node ended the job (trainpod.control)
             return error.code, True
-        # torchrun has already stopped the workers; a stop request is no crash, so no traceback.
-        say(f"received {signal.Signals(error.sigval).name}: the workers were stopped")
+        # torchrun has already stopped the workers; a stop request is no crash, so no traceback. The signal is the one
+        # `trainpod run` was given: supervisord passes any on as SIGTERM (Ctrl-C's SIGINT too).
+        say(f"received {supervise.stop_signal() or signal.Signals(error.sigval).name}: the workers were stopped")
         return 128 + error.sigval, True
     except RendezvousError as error:
         policy = agent_policy.current()

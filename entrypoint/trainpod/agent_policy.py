@@ -45,9 +45,22 @@ outlives the agent, or a temporary one).
 A hung worker group (trainpod.hangwatch, a mixin between this one and torch's agent) reaches the
 policy as a failed one whose code is 124, already explained by the watch's line.
 
+Deaths are named for what they are (restarts.Failure's cause, in the line that decides; where that line names
+the first failed rank, it is not said twice):
+- the kernel's OOM killer: a death by SIGKILL after the cgroup's oom_kill count grew (trainpod.oom): "rank 1 was
+  killed by the kernel's OOM killer (its cgroup's memory limit is 400 MiB, oom_kill 1 in ...)", 137; a second
+  one at the same step is the same failure twice, whichever process it took;
+- the fork server (--warm-start): its death takes every rank of the node, which multiprocessing reports as
+  255; the line names the server and its signal (or the OOM killer), 128 + N. A server that dies while it
+  forks the ranks (multiprocessing's EOFError in the agent) makes a failed worker group, decided like any;
+- a rank that exited 0 while the others still ran, whose peers then failed in a collective (their traceback
+  ends in torch.distributed, or their stderr says a peer closed the connection): "rank 1 exited 0 at step 3
+  while the other ranks were still training (...); rank 0 then exited with 1", the peers' code.
+
 torch's private API used here (checked by trainpod.agent.torch_internals_missing()):
-LocalElasticAgent._monitor_workers(), _invoke_run(), _remaining_restarts,
-_worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs, the c10d
+LocalElasticAgent._monitor_workers(), _start_workers(), _invoke_run(), _remaining_restarts,
+_worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.stderrs (and its processes:
+_exited_zero()), the c10d
 rendezvous handler's `_store`, the dynamic rendezvous's `_delay` and `_state_holder._cache_duration`
 (_poll_rendezvous_faster()), and its handler's `_bootstrap_store_info` and `_shared_tcp_store_server`
 (_fresh_workers_store()).
@@ -56,13 +69,14 @@ rendezvous handler's `_store`, the dynamic rendezvous's `_delay` and `_state_hol
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from trainpod import hangwatch, keeper, log, orphans, progress, restarts, warm
+from trainpod import hangwatch, keeper, log, oom, orphans, progress, restarts, supervise, warm
 from trainpod.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.errors import EXIT_UNAVAILABLE
 from trainpod.rendezvous import node_order
@@ -96,6 +110,46 @@ def describe_failure(failure) -> str:
     if hangwatch.is_hang(failure):
         return f"was stopped by the hang watch ({failure.exitcode})"
     return describe_exit(failure.exitcode)
+
+
+SERVER_DEATH_WAIT_S = 2.0  # a fork server whose pipes closed is dying: at most this long until it is seen dead
+LOST_STATUS = 255  # what multiprocessing reports of a rank whose fork server died (it alone could send the status)
+SERVER_MARK = "trainpod_fork_server"  # on a ProcessFailure made for a fork server that died: (pid, its status)
+LEFT_WHERE = "a rank exited 0 while the others were still training"
+# What a rank's stderr says when a peer it shared a collective with went away (gloo, NCCL, the c10d store)
+_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote worker crash|Broken pipe|ProcessGroupNCCL.*(Watchdog|timed? ?out)")
+
+
+def _exited_zero(pcontext) -> set[int]:
+    """The local ranks of torch's process context that have exited with 0 so far. torch's private API: its
+    SubprocessContext's handlers (each a Popen), its MultiprocessContext's ProcessContext (multiprocessing's
+    processes, --warm-start). Popen.poll() and Process.exitcode reap and keep the status, as torch's own poll does."""
+    try:
+        handlers = getattr(pcontext, "subprocess_handlers", None)
+        if handlers:
+            return {rank for rank, handler in handlers.items() if handler.proc.poll() == 0}
+        processes = getattr(getattr(pcontext, "_pc", None), "processes", None) or []
+        return {rank for rank, process in enumerate(processes) if process.exitcode == 0}
+    except (AttributeError, OSError, ValueError):
+        return set()
+
+
+def _lost_a_peer(stderr: str | None, where: str) -> bool:
+    """Whether a failed rank failed in a collective whose peer went away: its traceback ended in torch.distributed,
+    or its stderr's end says a peer closed the connection."""
+    if "/torch/distributed/" in where:
+        return True
+    try:
+        with open(stderr or "", "rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(0, file.tell() - restarts.TAIL_BYTES))
+            return _PEER_LOST.search(file.read().decode("utf-8", errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 class JobEnded(Exception):
@@ -179,6 +233,9 @@ class AgentPolicy:
         self.started = False  # the first worker group ran: a lost master is now a lost job
         self._attempt_started = time.monotonic()
         self.control: JobControl | None = None
+        self.oom = oom.Watch()  # the cgroup's OOM kills so far: one more at a death by SIGKILL names the OOM killer
+        self._left: set[int] = set()  # local ranks of this worker group that exited 0 (while the others still ran)
+        self._server_lost: tuple[int, int] | None = None  # the fork server died while it started the ranks: (pid, status)
         self._nodes: int | None = None  # nodes in the last rendezvous round (an elastic job's membership)
         self._counted = False  # a failure since that round was counted by the budget
         self._provisional: restarts.Decision | None = None  # the budget's end, unless a node left (elastic)
@@ -222,8 +279,33 @@ class AgentPolicy:
 
     # --- torch's hooks ---
 
+    def _start_workers(self, worker_group):
+        self._left, self._server_lost = set(), None
+        try:
+            pids = super()._start_workers(worker_group)
+        except (EOFError, OSError):
+            death = warm.server_death(SERVER_DEATH_WAIT_S) if self._start_method == warm.START_METHOD else None
+            if death is None:
+                raise
+            # The fork server died while it forked the ranks (the OOM killer's choice in a small container: it holds
+            # torch): multiprocessing found its pipe closed (EOFError) or its socket gone. The ranks it forked died
+            # with it. A failed worker group, which the policy decides on, not an agent's crash with a traceback.
+            self._server_lost = death
+            return {worker.local_rank: 0 for worker in worker_group.workers}
+        stderrs = getattr(self._pcontext, "stderrs", None) or {}
+        if stderrs:  # <run log dir>/attempt_<N>/<local rank>/stderr.log: torch's lines that repeat trainpod's go beside
+            log.ASIDE.path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(next(iter(stderrs.values()))))),
+                                          log.ASIDE_FILE)
+        return pids
+
     def _monitor_workers(self, worker_group):
-        result = super()._monitor_workers(worker_group)
+        if self._server_lost is not None:
+            result = self._server_lost_result(worker_group)
+        else:
+            # Before torch looks: which ranks have exited 0 while the others run. After a failure torch stops the
+            # others, and a rank that ends with 0 on that SIGTERM left nothing early.
+            self._left |= _exited_zero(self._pcontext)
+            result = super()._monitor_workers(worker_group)
         self.started = True
         control = self.control
         if control is not None:
@@ -243,7 +325,7 @@ class AgentPolicy:
         except SignalException as error:
             if getattr(error, "code", None) is None:  # this node's own SIGTERM: stop the others first
                 code = 128 + int(error.sigval)
-                why = f"node {self.node_label} received {signal.Signals(error.sigval).name}"
+                why = f"node {self.node_label} received {supervise.stop_signal() or signal.Signals(error.sigval).name}"
                 self.budget.end(code, why)
                 if self.control is not None:
                     self.control.announce(code, why)
@@ -307,13 +389,18 @@ class AgentPolicy:
         if control is not None:
             committed = max(committed, control.job_committed)
         stderr = getattr(self._pcontext, "stderrs", {}).get(first.local_rank) if self._pcontext else None
-        failure = restarts.Failure(code=code, committed=committed, step=step,
-                                   # a hang's code (124) already says what happened; the stopped rank's stderr ends in no traceback of its own
-                                   where="" if hangwatch.is_hang(first) else restarts.read_where(stderr) if first.exitcode > 0 else "",
-                                   ran_s=time.monotonic() - self._attempt_started, who=f"rank {rank}")
-        for global_rank, each in sorted(result.failures.items()):
-            self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_failure(each)}")
+        # a hang's code (124) already says what happened; the stopped rank's stderr ends in no traceback of its own
+        where = "" if hangwatch.is_hang(first) else restarts.read_where(stderr) if first.exitcode > 0 else ""
+        code, cause, where = self._cause(rank, first, code, where, stderr)
+        failure = restarts.Failure(code=code, committed=committed, step=step, where=where,
+                                   ran_s=time.monotonic() - self._attempt_started, who=f"rank {rank}", cause=cause)
         decision = self.budget.decide(failure)
+        # A final line or a cause names the first failure (a restart's line always did, beside the ranks' lines)
+        named = (cause or not decision.restart) and failure.what() in decision.line
+        for global_rank, each in sorted(result.failures.items()):
+            if global_rank == rank and named:
+                continue  # said once
+            self._say(f"rank {global_rank} (local rank {each.local_rank}) {describe_failure(each)}")
         max_restarts = self._worker_group.spec.max_restarts
         if self.elastic and not decision.restart and decision.code not in restarts.NEVER_RESTARTED:
             # A node that left makes the others fail too: the next rendezvous tells (_rendezvous).
@@ -334,6 +421,47 @@ class AgentPolicy:
         self.final = decision
         if control is not None:
             control.announce(decision.code, decision.line)
+
+    def _cause(self, rank: int, first, code: int, where: str, stderr: str | None) -> tuple[int, str, str]:
+        """(code, cause, where) of a failed worker group where its first failure's code alone would mislead
+        (restarts.Failure): the fork server died (and took the ranks), the kernel's OOM killer killed, or a rank
+        exited 0 while the others still trained and they failed in a collective without it. Else (code, '', where)."""
+        memory = self.oom.killed()  # at every failure: a kill the policy did not see (a loader worker's) is no later SIGKILL's
+        death = getattr(first, SERVER_MARK, None)
+        if death is None and self._start_method == warm.START_METHOD:
+            # multiprocessing reports the ranks of a dead server as 255, which may come before the death is seen
+            death = warm.server_death(SERVER_DEATH_WAIT_S if first.exitcode == LOST_STATUS else 0.0)
+        subject, also = f"rank {rank}", ""
+        if death is not None:
+            pid, code = death
+            subject, also = f"the fork server of --warm-start (pid {pid})", ", and every rank of this node with it"
+        killed = code == 128 + signal.SIGKILL and memory is not None
+        if killed:
+            return code, (f"{subject} was killed by the kernel's OOM killer{also} ({oom.describe(memory)}: give the job "
+                          "more memory or make it use less)"), oom.WHERE
+        if death is not None:
+            return code, f"{subject} {describe_exit(128 - code if code > 128 else code)}{also}", "the fork server died"
+        if self._left and first.exitcode > 0 and code not in restarts.NEVER_RESTARTED and _lost_a_peer(stderr, where):
+            records = progress.read(self._progress_dir)
+            workers = {worker.local_rank: worker.global_rank for worker in self._worker_group.workers}
+            left = sorted(workers.get(local, local) for local in self._left)
+            steps = sorted({records[local].step for local in self._left if local in records and records[local].step >= 0})
+            at = f" at step {steps[0]}" if len(steps) == 1 else ""
+            return code, (f"{_ranks(left)} exited 0{at} while the other ranks were still training (every rank must run "
+                          f"every collective: the others wait for it, then fail); rank {rank} then {describe_failure(first)}"), LEFT_WHERE
+        return code, "", where
+
+    def _server_lost_result(self, worker_group):
+        """torchrun's RunResult for a worker group whose fork server died while it started them: FAILED, the
+        server's status for the first rank (as a rank's: -9 after SIGKILL)."""
+        from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+        pid, code = self._server_lost
+        first = min(worker_group.workers, key=lambda worker: worker.global_rank)
+        failure = ProcessFailure(local_rank=first.local_rank, pid=pid, exitcode=128 - code if code > 128 else code, error_file="")
+        setattr(failure, SERVER_MARK, (pid, code))
+        return RunResult(state=WorkerState.FAILED, failures={first.global_rank: failure})
 
     def _stopped_by(self, stop: Stop):
         line = f"node {stop.node} ended the job ({stop.why}): stopping this node's ranks, exit {stop.code}"

@@ -46,6 +46,7 @@ exit codes:
        --connect-timeout, or went away after the job started and did not come back within --rejoin-timeout
   {EXIT_CANTCREAT}   a checkpoint could not be written: no space or no permission (not restarted)
   {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete, or etcd lacks the API the backend needs
+       or refuses this node's TLS, user or permissions
        (one line names it)
   143  stopped by SIGTERM, on this node or on another node of the job (not restarted)
   other  the training's own exit code (128+N: its rank was killed by signal N)
@@ -57,7 +58,8 @@ EXAMPLE = Setting("example", f"a bundled example: {', '.join(EXAMPLES)}; flags a
 JSON = Setting("json", "print JSON instead of a table", Switch(), default=False)
 RESOLVE = Setting("resolve", "also resolve the master's DNS name to pick the interface", Switch(), default=False)
 # Shape the command `run` would exec, so `explain` takes them too and shows that command exactly.
-RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, settings.WARM_START, settings.RECOVERY)
+RUN = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, settings.WARM_START, settings.RECOVERY,
+       settings.TRUST_CHECKPOINTS)
 
 
 def _job_flags(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +139,10 @@ def _target(name: str | None, command: list[str], subcommand: str, required: boo
     if name:
         return Target.for_example(name, command, os.environ)  # after --: the example's own flags
     if command:
-        return Target(command=tuple(command))
+        # A command's directories are its own; the ones the job names in trainpod's variables are checked
+        # and held (trainpod.dirlock) as an example's are.
+        return Target(command=tuple(command), output_dir=os.environ.get("TRAINPOD_OUTPUT_DIR", "").strip() or None,
+                      checkpoint_dir=os.environ.get("TRAINPOD_CHECKPOINT_DIR", "").strip() or None)
     if required:
         raise UsageError(f"trainpod {subcommand}: nothing to run: give --example NAME or -- CMD ...")
     return None
@@ -229,6 +234,10 @@ def _explain_table(topology: Topology, command: str | None) -> str:
     if rdzv.settings:
         rows.append(("rdzv_conf", ",".join(f"{k}={v}" for k, v in rdzv.settings.items()),
                      topology.origins.get("rdzv_conf", "default") + " over trainpod's defaults"))
+    access = rdzv.access
+    if access.tls or access.user or rdzv.endpoint.startswith("https://"):  # files and the user: never a password
+        shown = ", ".join(filter(None, ["TLS" if rdzv.endpoint.startswith("https://") else "", access.user and f"user {access.user}"]))
+        rows.append(("etcd_access", shown, access.describe() or "https:// endpoint, the system's CAs"))
     width = max(len(str(value)) for _, value, _ in rows)
     lines = [f"{name:<15} {str(value):<{width}}  {origin}".rstrip() for name, value, origin in rows]
     lines += [f"warning: {w}" for w in topology.warnings]
@@ -245,7 +254,8 @@ def cmd_explain(args: argparse.Namespace, command: list[str]) -> int:
         plan = build_plan(topology, target, os.environ, cpus=available_cpus(), max_restarts=values.max_restarts,
                           term_grace=values.term_grace, join_timeout=values.connect_timeout,
                           progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
-                          hang_timeout=values.hang_timeout, warm_start=values.warm_start, recovery=values.recovery)
+                          hang_timeout=values.hang_timeout, warm_start=values.warm_start, recovery=values.recovery,
+                          trust_checkpoints=values.trust_checkpoints)
     if explain.json:
         data = topology.to_dict()
         if plan:
@@ -271,7 +281,8 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     spec = job.JobSpec(topology=topology, target=target, connect_timeout=values.connect_timeout,
                        term_grace=values.term_grace, max_restarts=values.max_restarts,
                        progress_window=values.progress_window, rejoin_timeout=values.rejoin_timeout,
-                       hang_timeout=values.hang_timeout, warm_start=values.warm_start, recovery=values.recovery)
+                       hang_timeout=values.hang_timeout, warm_start=values.warm_start, recovery=values.recovery,
+                       lock_timeout=values.lock_timeout, trust_checkpoints=values.trust_checkpoints)
     if values.no_supervise:
         job.run(spec)  # does not return: this process becomes torchrun's agent, and exits with its code
     if importlib.util.find_spec("supervisor") is None:

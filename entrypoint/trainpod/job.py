@@ -22,14 +22,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NoReturn
 
-from trainpod import devices, log, orphans
+from trainpod import devices, dirlock, log, orphans
 from trainpod.errors import EXIT_USAGE, TrainpodError
 from trainpod.launch import Target, available_cpus, build_plan
 from trainpod.preflight import run_preflight
 from trainpod.restarts import Budget
-from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, RECOVERY, REJOIN_TIMEOUT, WARM_START
+from trainpod.settings import HANG_TIMEOUT, LOCK_TIMEOUT, PROGRESS_WINDOW, RECOVERY, REJOIN_TIMEOUT, TRUST_CHECKPOINTS, WARM_START
 from trainpod.supervise import BUDGET_DIR, supervisor_pid
-from trainpod.topology import Topology
+from trainpod.topology import C10D_ID, Topology
 
 SPEC_VAR = "TRAINPOD_JOB_SPEC"
 
@@ -48,6 +48,8 @@ class JobSpec:
     hang_timeout: float = HANG_TIMEOUT.default
     warm_start: str = WARM_START.default
     recovery: str = RECOVERY.default
+    trust_checkpoints: bool = TRUST_CHECKPOINTS.default
+    lock_timeout: float = LOCK_TIMEOUT.default
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -68,6 +70,8 @@ class JobSpec:
             hang_timeout=data.get("hang_timeout", HANG_TIMEOUT.default),
             warm_start=data.get("warm_start", WARM_START.default),
             recovery=data.get("recovery", RECOVERY.default),
+            trust_checkpoints=data.get("trust_checkpoints", TRUST_CHECKPOINTS.default),
+            lock_timeout=data.get("lock_timeout", LOCK_TIMEOUT.default),
         )
 
 
@@ -93,6 +97,7 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
             Budget(spec.max_restarts, spec.progress_window, env[BUDGET_DIR]).end(error.exit_code, "")
         importing.join()  # an exit with the import half done could end in a crash rather than this code
         raise
+    held = _hold_directories(spec, say, env)
     note = gloo_fallback_note(topology, devices.torch_cuda_version())
     if note:
         say(note)
@@ -102,7 +107,7 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
                       term_grace=spec.term_grace, join_timeout=spec.connect_timeout,
                       progress_window=spec.progress_window, rejoin_timeout=spec.rejoin_timeout,
                       hang_timeout=spec.hang_timeout, warm_start=spec.warm_start,
-                      recovery=spec.recovery)
+                      recovery=spec.recovery, trust_checkpoints=spec.trust_checkpoints)
     rdzv = topology.rdzv
     where = (f"node {topology.node_rank} of {topology.nnodes}" if topology.node_rank is not None
              else f"{rdzv.nnodes} nodes, this one's rank from the rendezvous")
@@ -115,7 +120,36 @@ def run(spec: JobSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     os.environ.update({**env, **plan.env, **extra})  # the agent's, and through it the ranks'
     from trainpod import agent
 
-    sys.exit(agent.main(plan.agent_args))
+    code = agent.main(plan.agent_args)
+    if held is not None:
+        held.release(ended=_job_over(code, spec, env))
+    sys.exit(code)
+
+
+def _hold_directories(spec: JobSpec, say, env: Mapping[str, str]) -> dirlock.Hold | None:
+    """This job's hold on its output and checkpoint directories (trainpod.dirlock), its heartbeat started;
+    another job's: 78, recorded as the job's end (no layer retries it)."""
+    topology, target = spec.topology, spec.target
+    key = dirlock.job_key(topology.rdzv.id, topology.rdzv.backend, topology.master_addr, topology.master_port, C10D_ID)
+    try:
+        held = dirlock.hold([(target.output_dir, "output directory {path} (--output-dir, TRAINPOD_OUTPUT_DIR)"),
+                             (target.checkpoint_dir, "checkpoint directory {path} (--checkpoint-dir, TRAINPOD_CHECKPOINT_DIR)")],
+                            key, topology.node_label, spec.lock_timeout, say)
+    except TrainpodError as error:
+        if env.get(BUDGET_DIR):
+            Budget(spec.max_restarts, spec.progress_window, env[BUDGET_DIR]).end(error.exit_code, "")
+        raise
+    if held is not None:
+        held.start()
+    return held
+
+
+def _job_over(code: int, spec: JobSpec, env: Mapping[str, str]) -> bool:
+    """Whether the agent's exit ends the job on this node: it succeeded, ran unsupervised, or the budget
+    recorded the job's end; else supervisord starts it again, and the directories stay held."""
+    if code == 0 or not env.get(BUDGET_DIR):
+        return True
+    return Budget(spec.max_restarts, spec.progress_window, env[BUDGET_DIR]).load().final is not None
 
 
 def _import_the_launcher() -> threading.Thread:
@@ -148,7 +182,7 @@ def _generation(topology: Topology, timeout: float) -> tuple[Topology, dict[str,
     from trainpod.rendezvous.etcd_http import EtcdClient, EtcdUnreachableError
 
     try:
-        number = generation.current(EtcdClient(rdzv.endpoint, min(timeout, 10.0)), rdzv.id)
+        number = generation.current(EtcdClient(rdzv.endpoint, min(timeout, 10.0), rdzv.access), rdzv.id)
     except EtcdUnreachableError as error:
         raise UnreachableError(f"etcd at {rdzv.endpoint}: reading the job's rendezvous generation: {error}") from None
     topology = replace(topology, rendezvous=replace(rdzv, id=generation.run_id(rdzv.id, number)))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from trainpod import hang, log
 from trainpod.errors import UsageError
 from trainpod.examples import EXAMPLES
-from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, RECOVERY, REJOIN_TIMEOUT, TERM_GRACE, WARM_START
+from trainpod.settings import HANG_TIMEOUT, PROGRESS_WINDOW, RECOVERY, REJOIN_TIMEOUT, TERM_GRACE, TRUST_CHECKPOINTS, WARM_START
 from trainpod.topology import Topology
 
 SHUTDOWN_MARGIN_S = 5
@@ -97,11 +97,22 @@ def _rdzv_conf(topology: Topology, join_timeout: float) -> str:
     # torch's etcd backend calls the join timeout `timeout`; the dynamic ones (c10d, etcd-v3) `join_timeout`.
     conf["timeout" if rdzv.backend == "etcd" else "join_timeout"] = str(math.ceil(join_timeout))
     conf.update(rdzv.settings)
+    # TLS reaches the backend as the keys torch's etcd backend reads (etcd-v3 reads the same: trainpod.rendezvous
+    # .etcd_v3); the user and the password file go in the environment (build_plan), the password nowhere.
+    conf.update(rdzv.access.conf())
+    if rdzv.backend == "etcd" and rdzv.endpoint.startswith("https://"):
+        conf["protocol"] = "https"
     return ",".join(f"{key}={value}" for key, value in conf.items())
 
 
 def _hosts(endpoints: str) -> list[str]:
-    return [e.rpartition(":")[0].strip("[]") for e in endpoints.split(",") if e.strip()]
+    return [e.rpartition("://")[2].rpartition(":")[0].strip("[]") for e in endpoints.split(",") if e.strip()]
+
+
+def _torch_endpoint(topology: Topology) -> str:
+    """torchrun's --rdzv-endpoint: torch's etcd backend takes host:port (https goes in protocol=https)."""
+    rdzv = topology.rdzv
+    return rdzv.endpoint.rpartition("://")[2] if rdzv.backend == "etcd" else rdzv.endpoint
 
 
 def build_plan(
@@ -118,6 +129,7 @@ def build_plan(
     hang_timeout: float = HANG_TIMEOUT.default,
     warm_start: str = WARM_START.default,
     recovery: str = RECOVERY.default,
+    trust_checkpoints: bool = TRUST_CHECKPOINTS.default,
 ) -> LaunchPlan:
     """`max_restarts`: the restart budget (restarts without progress: trainpod.restarts, which the
     agent applies); `term_grace`: seconds the ranks get after SIGTERM to finish the step and
@@ -125,7 +137,8 @@ def build_plan(
     included); `progress_window`, `rejoin_timeout`: for the agent (trainpod.agent_policy);
     `hang_timeout`: for the agent's hang watch (trainpod.hang; 0: off); `warm_start`: whether the agent
     forks the ranks from a process that imported torch (trainpod.warm); `recovery`: whether a killed rank
-    is replaced in-process (trainpod.keeper)."""
+    is replaced in-process (trainpod.keeper); `trust_checkpoints`: whether the ranks' checkpoints may be
+    unpickled in full (trainpod.checkpoint)."""
     # A dynamic rendezvous (c10d, etcd, etcd-v3), never static: after a failure every agent re-joins a
     # new round, so a restarted worker group (or a restarted node) meets the others in a fresh store
     # namespace, and an elastic job's nodes leave and join there. etcd-v3 is trainpod's own backend:
@@ -135,7 +148,7 @@ def build_plan(
         "--nnodes", rdzv.nnodes,
         "--nproc-per-node", str(topology.nproc_per_node),
         "--rdzv-backend", rdzv.backend,
-        "--rdzv-endpoint", rdzv.endpoint,
+        "--rdzv-endpoint", _torch_endpoint(topology),
         "--rdzv-id", rdzv.id,
         "--rdzv-conf", _rdzv_conf(topology, join_timeout),
         "--max-restarts", str(max_restarts),
@@ -156,8 +169,11 @@ def build_plan(
         REJOIN_TIMEOUT.var: f"{rejoin_timeout:g}",  # read by the agent: how long a lost master may take
         WARM_START.var: warm_start,  # read by the agent: function entrypoints forked from a preloaded server
         RECOVERY.var: recovery,  # read by the warm ranks: each runs under a keeper (trainpod.keeper)
+        # Read by the ranks' Checkpointer; set either way, so that the flag wins over a variable the job inherited.
+        TRUST_CHECKPOINTS.var: "1" if trust_checkpoints else "0",
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": log.rank_tag_template(topology.node_label),
         "NO_PROXY": _no_proxy(env, topology.master_addr, _hosts(rdzv.endpoint)),
+        **rdzv.access.env(),  # etcd's user and password file, for the agent (trainpod.rendezvous.etcd_http.EtcdAccess)
     }
     added["no_proxy"] = added["NO_PROXY"]
     added.update(hang.plan_env(env, hang_timeout))  # the hang watch: progress files, flight recorder

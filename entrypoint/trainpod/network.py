@@ -52,18 +52,35 @@ def interfaces() -> dict[str, list[str]]:
     }
 
 
+def unusable(name: str, addresses: dict[str, list[str]] | None = None, stats: dict | None = None) -> str:
+    """Why the backends cannot use interface `name` ('' if they can): gloo binds to an address of the
+    interface ("Unable to find address" in every rank when it has none), and an interface that is
+    administratively down carries nothing. `addresses`, `stats`: interfaces() and psutil's
+    net_if_stats(), read once by the caller."""
+    addresses = interfaces() if addresses is None else addresses
+    stats = psutil.net_if_stats() if stats is None else stats
+    state = stats.get(name)
+    if state is not None and "up" not in state.flags.split(","):
+        return f"is down (ip link set {name} up, or choose another)"
+    if not addresses.get(name):
+        return "has no IP address (gloo and NCCL bind to one)"
+    return ""
+
+
 def check_ifname(value: str, origin: str, backend: str) -> None:
     """`value` names an interface here, in the syntax of the backend that reads it; else one line
-    naming `origin` (64 for a flag, 78 for a variable).
+    naming `origin` (64 for a flag, 78 for a variable). An interface that exists but is down or has no
+    address is the host's configuration, not a typo: 78 whatever named it (unusable()).
 
     gloo (GLOO_SOCKET_IFNAME, --interface): exact names, comma-separated, each must exist.
     NCCL (NCCL_SOCKET_IFNAME): prefixes, comma-separated ("eth,ib" takes eth0 and ib1); "=" before
     the list makes the names exact, "^" excludes them instead ("^docker,lo", "^=docker0"); at
     least one interface here must be left for NCCL to use.
     """
-    from trainpod.errors import error_for
+    from trainpod.errors import ConfigError, error_for
 
-    have = sorted(interfaces())
+    addresses, stats = interfaces(), psutil.net_if_stats()
+    have = sorted(addresses)
     text = value.strip()
     if backend == "nccl":
         exclude = text.startswith("^")
@@ -74,15 +91,25 @@ def check_ifname(value: str, origin: str, backend: str) -> None:
         def matches(name: str) -> bool:
             return any(name == e if exact else name.startswith(e) for e in entries)
 
-        usable = [name for name in have if matches(name) != exclude]
-        if entries and usable:
-            return
-        how = "excludes every interface" if exclude else "matches no interface"
+        chosen = [name for name in have if matches(name) != exclude]
         syntax = "exact names" if exact else "name prefixes"
-        raise error_for(origin)(f"{origin}={value!r}: NCCL reads it as {syntax}, and it {how} here (have: {', '.join(have)})")
-    missing = [name.strip() for name in text.split(",") if name.strip() not in have]
+        if not (entries and chosen):
+            how = "excludes every interface" if exclude else "matches no interface"
+            raise error_for(origin)(f"{origin}={value!r}: NCCL reads it as {syntax}, and it {how} here (have: {', '.join(have)})")
+        why = {name: unusable(name, addresses, stats) for name in chosen}
+        if all(why.values()):  # NCCL uses the matching interfaces that work: one is enough
+            raise ConfigError(f"{origin}={value!r}: NCCL reads it as {syntax}, and every interface it takes here is "
+                              f"unusable: " + "; ".join(f"{name} {reason}" for name, reason in why.items()))
+        return
+    names = [name.strip() for name in text.split(",")]
+    missing = [name for name in names if name not in have]
     if missing or not text:
         raise error_for(origin)(f"{origin}={value!r}: no such interface here (have: {', '.join(have)})")
+    for name in names:  # gloo uses each one it is given
+        reason = unusable(name, addresses, stats)
+        if reason:
+            usable = [n for n in have if not unusable(n, addresses, stats)]
+            raise ConfigError(f"{origin}={value!r}: the interface {name} {reason}; usable here: {', '.join(usable)}")
 
 
 def route_interface(destination: str) -> str | None:

@@ -214,8 +214,11 @@ def wait_for_master(topology: Topology, master_ip: str, timeout: float, env: Map
 
 def check_etcd(topology: Topology, timeout: float, log: Log, probe_timeout: float = 5.0):
     """etcd answers within `timeout` (bounded wait, then 69 naming every endpoint tried) and serves what the
-    backend needs: torch's `etcd` rendezvous speaks only the v2 API (78 with both fixes where it is off)."""
-    from trainpod.rendezvous.etcd_http import EtcdUnreachableError, probe
+    backend needs: torch's `etcd` rendezvous speaks only the v2 API (78 with both fixes where it is off).
+    TLS configured wrong on either side (plain http to a TLS etcd included), a wrong user or password, and
+    a user without permission on the job's keys are 78 at once, naming the endpoint (never retried)."""
+    from trainpod.rendezvous import generation
+    from trainpod.rendezvous.etcd_http import EtcdAccessError, EtcdClient, EtcdUnreachableError, probe
 
     rdzv = topology.rdzv
     origin = topology.origins.get("rdzv_endpoint", "--rdzv-endpoint")
@@ -224,8 +227,18 @@ def check_etcd(topology: Topology, timeout: float, log: Log, probe_timeout: floa
     said = False
     while True:
         try:
-            info = probe(rdzv.endpoint, timeout=max(0.5, min(probe_timeout, deadline - time.monotonic())))
+            info = probe(rdzv.endpoint, timeout=max(0.5, min(probe_timeout, deadline - time.monotonic())), access=rdzv.access)
+            client = EtcdClient(info.endpoint, probe_timeout, rdzv.access)
+            # What the job writes: its generation (both backends, v3), the rendezvous (etcd-v3: v3, under
+            # etcd_v3.KEY_PREFIX, not imported here: torch; etcd: torch's keys in the v2 key space).
+            client.check_writable(generation.key(rdzv.id))
+            if rdzv.backend == "etcd-v3":
+                client.check_writable(f"/trainpod/rdzv/{rdzv.id}.g0/state".encode())
+            elif info.v2_enabled:
+                client.check_v2_readable(rdzv.settings.get("etcd_prefix", "/torchelastic/p2p").rstrip("/") or "/")
             break
+        except EtcdAccessError as error:
+            raise ConfigError(f"{error} ({origin})") from None
         except EtcdUnreachableError as error:
             pause = _pause(time.monotonic() - start)
             if time.monotonic() + pause > deadline:

@@ -42,6 +42,12 @@ BLOCK_IDLE_S of its last line, more than MAX_BLOCK_LINES lines, another line tha
 the end of the file. A traceback is held CHAIN_WAIT_S past its exception line for a chained one
 ("During handling of the above exception, ..."); an exception's message on more lines than one is
 shown after the block, as plain lines.
+
+A script's last words, once. An error line ("PROG: error: ...", as the bundled examples and argparse
+end) that is the last thing a rank wrote to its stderr (the file ended after it; another line, or
+BLOCK_IDLE_S without one, makes it a plain line again) is a block of one line, and the same line from
+another rank or attempt is left out without a summary (it would be as long as the line): a bad flag
+to a 4-rank example is one line, not four. The rank's file keeps it.
 """
 
 from __future__ import annotations
@@ -156,6 +162,8 @@ class Board:
                 if len(self._shown) > MAX_SHOWN:  # the oldest is forgotten: if it comes again, it is shown again
                     del self._shown[next(iter(self._shown))]
                 return True
+            if kind == ERROR_LINE:
+                return False  # left out, said nowhere: a line that says who else printed it would be as long
             ranks = group.hidden.setdefault(key, _Hidden(first)).ranks
             ranks[rank] = ranks.get(rank, 0) + 1
             group.local = group.local or local
@@ -219,7 +227,8 @@ BOARD = Board()
 
 # --- one rank's file ---
 
-_PLAIN, _TRACE, _TRACE_END, _CHAIN, _USAGE = range(5)
+_PLAIN, _TRACE, _TRACE_END, _CHAIN, _USAGE, _LAST = range(6)
+ERROR_LINE = "error line"  # the kind of a one-line block: left out without a summary, which would be no shorter
 
 
 class _Tail:
@@ -269,7 +278,7 @@ class _Tail:
         if self.partial:
             line, self.partial = self.partial, ""
             self.line(line + "\n")
-        if self.state == _TRACE_END:
+        if self.state in (_TRACE_END, _LAST):
             self._complete()
         else:
             self._give_up()
@@ -291,6 +300,8 @@ class _Tail:
                 self._hold(raw, _TRACE)
             elif text.startswith("usage: "):
                 self._hold(raw, _USAGE)
+            elif _ARGPARSE_ERROR.match(text):
+                self._hold(raw, _LAST)  # a block if nothing follows it: a script's last words ("PROG: error: ...")
             else:
                 self._plain(raw)
         elif state == _TRACE:
@@ -322,6 +333,9 @@ class _Tail:
             else:
                 self._give_up()
                 self.line(raw)
+        elif state == _LAST:  # more came: a line of the script's output like any other
+            self._give_up()
+            self.line(raw)
 
     def _hold(self, raw: str, state: int) -> None:
         self.held.append(raw)
@@ -344,7 +358,7 @@ class _Tail:
         if not self.held:
             return
         held, trailer = self.held, self.trailer
-        kind = "usage error" if self.state == _USAGE else "traceback"
+        kind = {_USAGE: "usage error", _LAST: ERROR_LINE}.get(self.state, "traceback")
         self.held, self.trailer, self.state = [], [], _PLAIN
         lines = [RANK_PREFIX.sub("", raw.rstrip("\r\n")) for raw in held]
         if self.board is None or self.group is None or self.board.block(self.group, self.rank, self.local, kind, lines):

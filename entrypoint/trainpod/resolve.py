@@ -6,6 +6,7 @@ default. Every value keeps the name of where it came from, for `explain` and for
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
@@ -16,8 +17,9 @@ from trainpod.environments.base import Discovery
 from trainpod.environments.etcd import ETCD_BACKENDS, EtcdEnvironment, split_endpoint
 from trainpod.environments.single import SingleNodeEnvironment
 from trainpod.errors import ConfigError, TrainpodError, UsageError, error_for
+from trainpod.rendezvous import conf as rdzv_conf
 from trainpod.rendezvous import ids
-from trainpod.rendezvous.etcd_http import parse_endpoints
+from trainpod.rendezvous.etcd_http import PASSWORD_VAR, EtcdAccess, named, parse_endpoints, split_scheme
 from trainpod.topology import C10D_ID, Rendezvous, Topology, join_host_port
 
 
@@ -90,7 +92,8 @@ def _interface(flag: str | None, env: Mapping[str, str], master_addr: str, resol
     return name, why, "auto", warnings
 
 
-def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, origins: dict) -> tuple[Rendezvous, list[str]]:
+def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, origins: dict,
+                env: Mapping[str, str]) -> tuple[Rendezvous, list[str]]:
     """The rendezvous (backend, endpoint, id, node range) from flags over the cluster's variables; fills
     the master (c10d: the store's host; etcd: the route to etcd) in `values` where it comes from the endpoint."""
     warnings: list[str] = []
@@ -108,8 +111,8 @@ def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, ori
                                       "--rdzv-endpoint HOST:PORT[,HOST:PORT...] (or set TRAINPOD_RDZV_ENDPOINT)")
         try:
             endpoint = ",".join(parse_endpoints(endpoint))
-        except ValueError as bad:
-            raise error_for(e_origin)(f"{e_origin}={endpoint!r}: {bad}") from None
+        except ValueError as bad:  # (never showing a password the text may hold)
+            raise error_for(e_origin)(f"{named(e_origin, endpoint)}: {bad}") from None
         if backend == "etcd" and "," in endpoint:
             # torch's etcd handler raises a ValueError (a traceback, then "the same failure twice") on a list.
             raise error_for(e_origin)(f"{e_origin}={endpoint!r}: torch's etcd rendezvous takes one endpoint; give one "
@@ -137,13 +140,81 @@ def _rendezvous(given: settings.Values, found: Discovery, cls, values: dict, ori
     if rdzv_id is None and found.job_id:
         rdzv_id, i_origin = found.job_id, found.origins.get("job_id", cls.name)
     if rdzv_id is not None:
-        rdzv_id = ids.sanitize(rdzv_id)
+        # Kept exactly: escaped one-to-one for etcd's keys (team/a -> team@2Fa), so that two jobs meet only
+        # when their identities are equal; a control character is refused (the flag's was, by its kind).
+        try:
+            escaped = ids.escape(rdzv_id)
+        except ValueError as bad:
+            raise error_for(i_origin)(f"{i_origin}={rdzv_id!r}: expected {bad}") from None
+        if escaped != rdzv_id:
+            i_origin = f"{i_origin} ({rdzv_id!r}, escaped for etcd's keys)"
+        rdzv_id = escaped
     else:  # c10d's store is the job's own; etcd's id is made from the job in cli (ids.digest_id)
         rdzv_id, i_origin = (C10D_ID, "default (the store is the job's own)") if backend == "c10d" else ("", "default")
     origins["rdzv_id"] = i_origin
-    conf = dict(given.rdzv_conf or {})
+    # Every key and value the backend reads, checked now: torch would ignore a typo, and fail inside the agent
+    # on a bad value (a traceback, a restart).
+    conf = rdzv_conf.check(backend, dict(given.rdzv_conf or {}), given.origins["rdzv_conf"])
     origins["rdzv_conf"] = given.origins["rdzv_conf"]
-    return Rendezvous(backend=backend, endpoint=endpoint or "", id=rdzv_id, id_origin=i_origin, settings=conf), warnings
+    access = _etcd_access(given, env, backend, endpoint or "", e_origin, warnings)
+    return Rendezvous(backend=backend, endpoint=endpoint or "", id=rdzv_id, id_origin=i_origin, settings=conf,
+                      access=access), warnings
+
+
+def _etcd_access(given: settings.Values, env: Mapping[str, str], backend: str, endpoint: str, e_origin: str,
+                 warnings: list[str]) -> EtcdAccess:
+    """etcd's TLS files and user (--etcd-*, TRAINPOD_ETCD_*), checked as far as can be without etcd: the
+    files exist and load, a certificate comes with its key, TLS goes with https:// endpoints, a user with
+    exactly one password source, which is read (never shown). The password itself stays where it is."""
+    names = [s.name for s in settings.ETCD_ACCESS]
+    set_here = [n for n in names if getattr(given, n)]
+    password_var = PASSWORD_VAR if settings.ETCD_PASSWORD.from_env(env)[0] is not None else ""  # (a Secret: never parsed)
+    if backend not in ETCD_BACKENDS:
+        flags = [given.origins[n] for n in set_here if given.origins[n].startswith("--")]
+        if flags:
+            raise UsageError(f"{flags[0]}: only for an etcd rendezvous (--rdzv-backend etcd or etcd-v3), not {backend}")
+        if set_here or password_var:
+            warnings.append(f"{', '.join([given.origins[n] for n in set_here] + ([password_var] if password_var else []))} "
+                            f"ignored: the {backend} rendezvous does not use etcd")
+        return EtcdAccess()
+    origin = {n: given.origins[n] for n in names}
+    for name in ("etcd_cacert", "etcd_cert", "etcd_key", "etcd_password_file"):
+        path = getattr(given, name)
+        if path and not os.path.isfile(path):
+            raise error_for(origin[name])(f"{origin[name]}={path!r}: expected a file, and there is none")
+        if path and not os.access(path, os.R_OK):
+            raise error_for(origin[name])(f"{origin[name]}={path!r}: not readable by uid {os.getuid()}")
+        if path and "," in path:  # the TLS files travel in torchrun's --rdzv-conf, a comma-separated list
+            raise error_for(origin[name])(f"{origin[name]}={path!r}: expected a path without a comma")
+    if bool(given.etcd_cert) != bool(given.etcd_key):
+        have, lack = ("etcd_cert", "etcd_key") if given.etcd_cert else ("etcd_key", "etcd_cert")
+        raise error_for(origin[have])(f"{origin[have]}: a client certificate needs its key and the key its certificate: "
+                                      f"give --{lack.replace('_', '-')} too")
+    tls = [n for n in ("etcd_cacert", "etcd_cert", "etcd_key") if getattr(given, n)]
+    https = split_scheme(endpoint.split(",")[0])[0] == "https"
+    if tls and not https:
+        raise error_for(origin[tls[0]])(f"{origin[tls[0]]}: TLS needs https:// endpoints, and {named(e_origin, endpoint)} "
+                                        f"is plain http: give --rdzv-endpoint https://{endpoint.split(',')[0]}")
+    user, user_origin = given.etcd_user, origin["etcd_user"]
+    if user and (":" in user or any(ord(c) < 32 or ord(c) == 127 for c in user)):
+        raise error_for(user_origin)(f"{user_origin}={user!r}: expected an etcd user name, without ':' or control "
+                                     "characters (the password goes in --etcd-password-file or TRAINPOD_ETCD_PASSWORD)")
+    password_file = given.etcd_password_file or ""
+    if password_file and password_var and not origin["etcd_password_file"].startswith("--"):
+        raise ConfigError(f"both {origin['etcd_password_file']} and {PASSWORD_VAR} are set: keep one of them")
+    if (password_file or password_var) and not user:
+        source = origin["etcd_password_file"] if password_file else PASSWORD_VAR
+        raise error_for(source)(f"{source}: an etcd password, and no user to go with it: give --etcd-user (TRAINPOD_ETCD_USER)")
+    if user and not (password_file or password_var):
+        raise error_for(user_origin)(f"{user_origin}={user!r}: its password is missing: give --etcd-password-file PATH, "
+                                     f"or set TRAINPOD_ETCD_PASSWORD_FILE or {PASSWORD_VAR} (never a flag: it would show in ps)")
+    access = EtcdAccess(cacert=given.etcd_cacert or "", cert=given.etcd_cert or "", key=given.etcd_key or "", user=user or "",
+                        password_file=password_file, password_var="" if password_file else password_var)
+    if user:
+        access.password(env)  # empty, not UTF-8, control characters: 78 now (never showing it)
+    if https:
+        access.ssl_context()  # a file that is no PEM certificate, or a key that does not match: 78 now
+    return access
 
 
 # How fast an elastic job notices a lost node and goes on without it. torch's defaults (a heartbeat every
@@ -166,6 +237,9 @@ def _rdzv_defaults(rendezvous: Rendezvous) -> dict[str, str]:
 
 def _host_port(endpoint: str, origin: str) -> tuple[str, int]:
     """c10d's endpoint: one HOST:PORT (torchrun's default port 29400 when left out)."""
+    if "@" in endpoint or "://" in endpoint:  # (never showing a password the text may hold)
+        raise error_for(origin)(f"{named(origin, endpoint)}: expected the c10d store's HOST:PORT, without a scheme, user "
+                                "name or password (the store has neither TLS nor authentication: use etcd-v3 for that)")
     try:
         split = urllib.parse.urlsplit("//" + endpoint.strip())
         host, port = split.hostname, split.port or 29400
@@ -173,7 +247,7 @@ def _host_port(endpoint: str, origin: str) -> tuple[str, int]:
             raise ValueError(endpoint)
         return settings.MASTER_ADDR.parse(host, origin), port
     except (ValueError, TrainpodError):
-        raise error_for(origin)(f"{origin}={endpoint!r}: expected the c10d store's HOST:PORT") from None
+        raise error_for(origin)(f"{named(origin, endpoint)}: expected the c10d store's HOST:PORT") from None
 
 
 def resolve_topology(
@@ -207,7 +281,7 @@ def resolve_topology(
             values[name], origins[name] = getattr(given, name), given.origins[name]
         elif name not in found.missing and getattr(found, name) is not None:
             values[name], origins[name] = getattr(found, name), found.origins.get(name, cls.name)
-    rendezvous, rdzv_warnings = _rendezvous(given, found, cls, values, origins)
+    rendezvous, rdzv_warnings = _rendezvous(given, found, cls, values, origins, env)
     warnings += rdzv_warnings
     rendezvous = replace(rendezvous, min_nodes=min_nodes, max_nodes=nnodes)
     rendezvous = replace(rendezvous, settings={**_rdzv_defaults(rendezvous), **rendezvous.settings})

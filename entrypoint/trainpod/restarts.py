@@ -17,7 +17,8 @@ restarts without progress. trainpod counts the same way, and stops sooner where 
   and one line, "the same failure twice at step N without progress: not restarting". The same
   failure: the same exit code, the same last committed checkpoint, and for a Python traceback in
   the failed rank's stderr (torchrun --tee keeps a copy) the same exception type and innermost
-  frame. A deterministic bug ends in seconds, not after the whole budget;
+  frame; for a death by the kernel's OOM killer, any process it took (the agent names it: the
+  failure's cause, trainpod.oom). A deterministic bug ends in seconds, not after the whole budget;
 - some codes are never restarted at all (NEVER_RESTARTED): 0, 64 and 78 (usage and configuration
   errors), 73 (a checkpoint cannot be written: no space, no permission), 143 (stopped by SIGTERM,
   on this node or, through the rendezvous store, on another: trainpod.control);
@@ -130,6 +131,14 @@ class Failure:
     where: str = ""  # traceback_where() of the failed rank's stderr ('' for a signal, a shell script, the agent)
     ran_s: float = 0.0  # how long the attempt ran
     who: str = "the job"  # 'rank 3' or 'the job' (the agent, for the listener)
+    # What happened, in words, where "<who> exited with <code>" would mislead: "rank 1 was killed by the kernel's
+    # OOM killer (...)", "rank 1 exited 0 at step 3 while the other ranks were still training". Never compared:
+    # `where` is what makes two such failures the same (trainpod.agent_policy sets both).
+    cause: str = ""
+
+    def what(self) -> str:
+        """'rank 3 exited with 1', or the cause."""
+        return self.cause or f"{self.who} {describe_code(self.code)}"
 
     def same_as(self, other: Failure | None) -> bool:
         return other is not None and (self.code, self.committed, self.where) == (other.code, other.committed, other.where)
@@ -205,7 +214,7 @@ class Budget:
             return self.end(EXIT_OK, "")
         if failure.code in NEVER_RESTARTED:
             why = WHY_FINAL[failure.code]
-            return self.end(failure.code, f"{failure.who} {describe_code(failure.code)} ({why}): not restarting")
+            return self.end(failure.code, f"{failure.what()} ({why}): not restarting")
         progressed = self._progressed(failure, state)
         note = ""
         if progressed:
@@ -214,7 +223,8 @@ class Budget:
         previous = Failure(**state.last) if state.last else None
         first = _earlier(state.first, failure)
         if failure.code not in TRANSIENT and failure.same_as(previous):
-            detail = f"exit code {failure.code}" + (f", {failure.where}" if failure.where else "")
+            said = f": {failure.cause}" if failure.cause else f", {failure.where}" if failure.where else ""
+            detail = f"exit code {failure.code}{said}"
             self.save(state)
             at = f"twice {failure.at()} without progress" if failure.at() else "twice without progress (no step reported)"
             return self.end(failure.code, f"the same failure {at}: not restarting ({detail}){first}")
@@ -222,7 +232,7 @@ class Budget:
             self.save(state)
             return self.end(
                 failure.code,
-                f"{failure.who} {describe_code(failure.code)}{_at_where(failure)} after {state.attempts} attempt(s), "
+                f"{failure.what()}{_at_where(failure)} after {state.attempts} attempt(s), "
                 f"{state.used} restart(s) without progress (--max-restarts {self.max_restarts}): giving up{first}",
             )
         state.used += 1
@@ -234,7 +244,7 @@ class Budget:
         return Decision(
             restart=True,
             code=failure.code,
-            line=f"{failure.who} {describe_code(failure.code)}: restart {state.used} of {self.max_restarts} without progress{note}",
+            line=f"{failure.what()}: restart {state.used} of {self.max_restarts} without progress{note}",
             used=state.used,
             attempt=state.attempts,
         )
@@ -272,8 +282,8 @@ def budget_from_env(max_restarts: int, env: Mapping[str, str] = os.environ) -> B
 
 
 def _at_where(failure: Failure) -> str:
-    """' (ValueError in /app/train.py:12 (step))': where a failure's traceback ended, if it had one."""
-    return f" ({failure.where})" if failure.where else ""
+    """' (ValueError in /app/train.py:12 (step))': where a failure's traceback ended, if it had one (a cause says it all)."""
+    return f" ({failure.where})" if failure.where and not failure.cause else ""
 
 
 def _earlier(first: dict[str, Any] | None, failure: Failure) -> str:
@@ -285,5 +295,5 @@ def _earlier(first: dict[str, Any] | None, failure: Failure) -> str:
     began = Failure(**first)
     if (began.code, began.where) == (failure.code, failure.where):
         return ""
-    return f"; the first failure without progress: {began.who} {describe_code(began.code)}{_at_where(began)}"
+    return f"; the first failure without progress: {began.what()}{_at_where(began)}"
 

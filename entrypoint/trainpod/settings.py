@@ -185,6 +185,34 @@ class NodeRange:
 
 
 @dataclass(frozen=True)
+class RendezvousId:
+    """A job's identity, kept exactly (trainpod.rendezvous.ids escapes it for etcd); no control characters."""
+
+    def expected(self) -> str:
+        return "a job id of printable characters (any: they are escaped for etcd, one-to-one)"
+
+    def __call__(self, value: Any) -> str:
+        from trainpod.rendezvous import ids
+
+        text = str(value)
+        try:
+            return ids.check(text if text.strip() else "")
+        except ValueError as bad:
+            raise Invalid(str(bad)) from None
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A password: taken as given, never parsed here, so that no error line can show it."""
+
+    def expected(self) -> str:
+        return "a password"
+
+    def __call__(self, value: Any) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
 class RdzvConf:
     """torchrun's --rdzv-conf: KEY=VALUE pairs, comma-separated, as a dict."""
 
@@ -387,18 +415,41 @@ RDZV_BACKEND = Setting(
     "that node ends the job), etcd (torch's, etcd's v2 API: etcd 3.4/3.5 with --enable-v2) or etcd-v3 (trainpod's, "
     "etcd's v3 API: any etcd from 3.4 on)", Choice(RDZV_BACKENDS), var="TRAINPOD_RDZV_BACKEND")
 RDZV_ENDPOINT = Setting(
-    "rdzv_endpoint", "the rendezvous endpoint: etcd's host:port[,host:port...], or c10d's host:port (default: the "
-    "master's address and port)", var="TRAINPOD_RDZV_ENDPOINT", metavar="HOST:PORT[,...]")
+    "rdzv_endpoint", "the rendezvous endpoint: etcd's [https://]host:port[,...] (https: TLS, see --etcd-cacert; no "
+    "user:password@: see --etcd-user), or c10d's host:port (default: the master's address and port)",
+    var="TRAINPOD_RDZV_ENDPOINT", metavar="HOST:PORT[,...]")
 RDZV_ID = Setting(
     "rdzv_id", "the job's rendezvous id, the same on every node (default: from the job's identity: OpenPAI's job "
     "and attempt, SLURM's job and step, else a digest of the job); with etcd, each run of the job gets a fresh "
-    "generation of it", var="TRAINPOD_RDZV_ID", metavar="ID")
+    "generation of it; kept exactly: characters other than letters, digits, '.', '_' and '-' are escaped as ~XX "
+    "(team/a -> team@2Fa), control characters refused", RendezvousId(), var="TRAINPOD_RDZV_ID", metavar="ID")
 RDZV_CONF = Setting(
     "rdzv_conf", "torchrun's --rdzv-conf KEY=VALUE,... over trainpod's (an elastic job's: keep_alive_interval=1, "
     "keep_alive_max_attempt=3, last_call_timeout=3; etcd: last_call_timeout=3, keep_alive_ttl=4, trainpod's key for "
-    "torch's fixed 10 s keep-alive TTL)", RdzvConf(), var="TRAINPOD_RDZV_CONF",
+    "torch's fixed 10 s keep-alive TTL); every key and value is checked against what the backend reads "
+    "(trainpod.rendezvous.conf)", RdzvConf(), var="TRAINPOD_RDZV_CONF",
     metavar="KEY=VALUE,...")
-RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID, RDZV_CONF)
+# etcd as production runs it (trainpod.rendezvous.etcd_http.EtcdAccess): TLS with an https:// endpoint, and a
+# user of etcd's authentication. The names are etcdctl's (--cacert, --cert, --key, --user), prefixed. The
+# password has no flag (a flag's value shows in `ps` and in job files): a file, or a variable.
+ETCD_CACERT = Setting(
+    "etcd_cacert", "the CA certificate(s) (PEM) that signed etcd's server certificate, for an https:// "
+    "--rdzv-endpoint (default: the system's CAs)", var="TRAINPOD_ETCD_CACERT", metavar="PATH")
+ETCD_CERT = Setting(
+    "etcd_cert", "this node's client certificate (PEM) for etcd started with --client-cert-auth; with --etcd-key",
+    var="TRAINPOD_ETCD_CERT", metavar="PATH")
+ETCD_KEY = Setting("etcd_key", "the private key (PEM) of --etcd-cert", var="TRAINPOD_ETCD_KEY", metavar="PATH")
+ETCD_USER = Setting(
+    "etcd_user", "the etcd user to authenticate as (etcd's auth enabled); its password comes from "
+    "--etcd-password-file or the variable TRAINPOD_ETCD_PASSWORD, never from a flag", var="TRAINPOD_ETCD_USER",
+    metavar="NAME")
+ETCD_PASSWORD_FILE = Setting(
+    "etcd_password_file", "a file that holds --etcd-user's password (one trailing newline is ignored)",
+    var="TRAINPOD_ETCD_PASSWORD_FILE", metavar="PATH")
+ETCD_PASSWORD = Setting("etcd_password", "--etcd-user's password (a variable only: never a flag)", Secret(),
+                        var="TRAINPOD_ETCD_PASSWORD")  # not in any flag table
+ETCD_ACCESS = (ETCD_CACERT, ETCD_CERT, ETCD_KEY, ETCD_USER, ETCD_PASSWORD_FILE)
+RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID, RDZV_CONF, *ETCD_ACCESS)
 TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND, INTERFACE, *RENDEZVOUS)
 
 CONNECT_TIMEOUT = Setting("connect_timeout", "seconds to wait for the master (DNS and port) before exit 69",
@@ -425,7 +476,12 @@ REJOIN_TIMEOUT = Setting(
 NO_SUPERVISE = Setting(
     "no_supervise", "exec torchrun directly, without supervisord: failed ranks are still restarted by torchrun "
     "(up to --max-restarts), a failed agent is not", Switch(), var="TRAINPOD_NO_SUPERVISE", default=False)
-SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE, NO_SUPERVISE)
+LOCK_TIMEOUT = Setting(
+    "lock_timeout", "one job per checkpoint and output directory: a job holds them with a lock file whose heartbeat "
+    "it writes every third of this; another job is refused (78) while the heartbeat moves, and takes over a "
+    "directory whose heartbeat stopped this long (trainpod.dirlock); 0 turns the lock off", Number(minimum=0),
+    var="TRAINPOD_LOCK_TIMEOUT", default=30.0)
+SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE, NO_SUPERVISE, LOCK_TIMEOUT)
 
 HANG_TIMEOUT = Setting(
     "hang_timeout", "seconds a rank may wait in a collective for a rank that is stopped, idle or gone before the "
@@ -447,3 +503,11 @@ RECOVERY = Setting(
     "at once, restoring the checkpoint from memory; needs a warm start and a script that uses trainpod.inprocess, as "
     "the bundled examples do; trainpod.keeper)", Choice(("restart", IN_PROCESS)), var="TRAINPOD_RECOVERY",
     default="restart")
+
+# Read by the ranks (trainpod.checkpoint); the launch plan sets it for them. Off, a checkpoint that
+# holds more than tensors and plain values is refused (78): its pickle could run any code on load.
+TRUST_CHECKPOINTS = Setting(
+    "trust_checkpoints", "load checkpoints that hold objects beyond tensors and plain values with the full "
+    "unpickler: loading one then runs whatever code it carries, so only for a checkpoint directory that nobody but "
+    "your own jobs can write (default: such a checkpoint is refused with 78; trainpod.checkpoint)", Boolean(),
+    var="TRAINPOD_TRUST_CHECKPOINTS", default=False)

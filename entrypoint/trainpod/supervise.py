@@ -24,6 +24,7 @@ on `docker stop`); the job, its agent and the listener die with supervisord (tra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainpod import log, orphans, restarts
+from trainpod import log, oom, orphans, restarts
 from trainpod.restarts import NEVER_RESTARTED  # noqa: F401 (where it used to live)
 
 PROGRAM = "job"
@@ -46,6 +47,7 @@ KILLED_BY_SIGNAL = -1  # supervisord's exit status for a signal; it does not kee
 BUDGET_DIR = "TRAINPOD_SUPERVISOR_DIR"  # set for the job: where the restart budget (budget.json) is kept
 PIDFILE = "supervisord.pid"
 OUTCOME = "outcome.json"  # written by the listener at the end: the code run_supervised exits with
+STOP_SIGNAL = "stop-signal"  # written by run_supervised before it passes a signal on: its name (stop_signal())
 
 
 def stop_wait_s(term_grace_s: float) -> int:
@@ -138,6 +140,9 @@ def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, node
 
     def forward(signum, frame):
         received.append(signum)
+        # first: supervisord stops the job with SIGTERM whatever came, and the agent names this one
+        with contextlib.suppress(OSError):
+            (workdir / STOP_SIGNAL).write_text(signal.Signals(received[0]).name)
         supervisord.send_signal(signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -153,6 +158,16 @@ def run_supervised(job: Sequence[str], env: dict[str, str], policy: Policy, node
         print(f"{log.prefix(node_rank)}: supervisord exited ({supervisord.returncode}) before the job finished", file=sys.stderr)
         return 70  # EX_SOFTWARE
     return code
+
+
+def stop_signal(env=os.environ) -> str | None:
+    """The name of the signal `trainpod run` was given and passed on to supervisord ('SIGINT' after Ctrl-C),
+    which stops the job with SIGTERM whatever it was; None if none came (or the job is not supervised)."""
+    directory = env.get(BUDGET_DIR)
+    try:
+        return Path(directory, STOP_SIGNAL).read_text().strip() or None if directory else None
+    except OSError:
+        return None
 
 
 # --- the event listener (runs inside supervisord) ---------------------------------------------------
@@ -182,6 +197,7 @@ def _rpc(workdir: Path):
 def listen(workdir: Path, policy: Policy, node_rank: str) -> None:
     budget = policy.budget(workdir)
     say = log.writer(node_rank)
+    memory = oom.Watch()  # the cgroup's OOM kills: one more when the agent died of a signal names the OOM killer
     rpc = None  # made at the job's first exit: its imports would compete with the job's launch for the CPU
     for name, fields in _events(sys.stdin, sys.stdout):
         if name != "PROCESS_STATE_EXITED" or fields.get("processname") != PROGRAM:
@@ -191,12 +207,19 @@ def listen(workdir: Path, policy: Policy, node_rank: str) -> None:
             continue  # supervisord is shutting down (a signal): run_supervised reports it
         info = rpc.supervisor.getProcessInfo(PROGRAM)
         code = info["exitstatus"]
+        killed = memory.killed()  # at every exit: the agent's own lines named the kills it saw
+        cause = where = ""
         if code == KILLED_BY_SIGNAL:
             code = 128 + signal.SIGKILL  # supervisord does not say which signal; the usual one is the OOM killer's
+            if killed is not None:
+                cause = (f"the job's agent was killed by the kernel's OOM killer ({oom.describe(killed)}: give the job more "
+                         "memory or make it use less)")
+                where = oom.WHERE
         if budget.final() is None:  # else the agent (or the job's preflight) decided, and said so
             committed, step = restarts.reported(workdir / "progress")
             ran_s = max(0.0, float(info.get("stop", 0)) - float(info.get("start", 0)))
-            decision = budget.decide(restarts.Failure(code=code, committed=committed, step=step, ran_s=ran_s, who="the job"))
+            decision = budget.decide(restarts.Failure(code=code, committed=committed, step=step, ran_s=ran_s, who="the job",
+                                                      cause=cause, where=where))
             if decision.restart:
                 delay = policy.delay(decision.used)
                 say(f"{decision.line}; starting it again in {delay:g}s")

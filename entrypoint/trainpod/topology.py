@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+from trainpod.rendezvous.etcd_http import EtcdAccess
 
 C10D_ID = "trainpod"  # c10d's store is this job's own (its host's agent): no other job to keep apart
 
@@ -22,11 +24,13 @@ RDZV_NOTES = {
 class Rendezvous:
     """How the nodes' agents meet (torchrun's --rdzv-* and --nnodes).
 
-    `endpoint` is etcd's host:port[,host:port...] or c10d's host:port; '' for c10d means the master's
-    address and port. `id` is the same on every node of the job; with etcd, trainpod.rendezvous.ids adds
-    a generation at run time, so a run never meets a rendezvous an earlier run closed. `min_nodes` <
+    `endpoint` is etcd's host:port[,host:port...] (https://host:port[,...] with TLS) or c10d's host:port;
+    '' for c10d means the master's address and port. `id` is the same on every node of the job, the
+    job's identity escaped one-to-one (trainpod.rendezvous.ids); with etcd, trainpod.rendezvous.generation
+    adds a generation at run time, so a run never meets a rendezvous an earlier run closed. `min_nodes` <
     `max_nodes`: an elastic job. 0 for either: the topology's node count. `settings`: torchrun's
-    --rdzv-conf beyond what trainpod sets itself (join_timeout, is_host).
+    --rdzv-conf beyond what trainpod sets itself (join_timeout, is_host), checked per backend
+    (trainpod.rendezvous.conf). `access`: etcd's TLS files and user (EtcdAccess: no secret).
     """
 
     backend: str = "c10d"
@@ -36,6 +40,7 @@ class Rendezvous:
     max_nodes: int = 0
     settings: Mapping[str, str] = field(default_factory=dict)
     id_origin: str = "default"
+    access: EtcdAccess = EtcdAccess()
 
     @property
     def elastic(self) -> bool:
@@ -53,12 +58,15 @@ class Rendezvous:
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "endpoint": self.endpoint, "id": self.id, "id_origin": self.id_origin,
                 "min_nodes": self.min_nodes, "max_nodes": self.max_nodes, "elastic": self.elastic,
-                "settings": dict(self.settings), "note": RDZV_NOTES.get(self.backend, "")}
+                "settings": dict(self.settings), "note": RDZV_NOTES.get(self.backend, ""),
+                "access": {k: v for k, v in asdict(self.access).items() if v}}
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Rendezvous:
         known = {f.name for f in fields(Rendezvous)}
-        return Rendezvous(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        values["access"] = EtcdAccess(**values.get("access") or {})
+        return Rendezvous(**values)
 
 
 def join_host_port(host: str, port: int) -> str:

@@ -14,7 +14,9 @@ the hang watch's view of it are those of a rank started by command. Differences 
 - its parent is the fork server, not the agent; it gets SIGKILL when the server exits, which the
   server does when the agent dies (trainpod.orphans' rule: no rank outlives its agent); the server
   is in a session of its own, as torch's ranks are, so a signal to the agent's process group
-  reaches the ranks only through the agent, with their --term-grace (trainpod.warm_server);
+  reaches the ranks only through the agent, with their --term-grace (trainpod.warm_server). A server
+  that dies otherwise (the OOM killer's choice in a small container: it holds torch) takes the node's
+  ranks with it, and the agent names it (server_death(), trainpod.agent_policy);
 - `ps` shows the command it would have run and the name rank<R> (name_process); its environment in
   /proc is the server's;
 - it inherits what the server imported: an example module's top level runs in the server, without
@@ -39,6 +41,7 @@ import runpy
 import shutil
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 
@@ -106,6 +109,36 @@ def start_server(modules: Sequence[str]) -> None:
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(modules))
     forkserver.ensure_running()
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_traceback)
+
+
+def server_death(wait_s: float = 0.0) -> tuple[int, int] | None:
+    """(pid, exit status as a shell reports it: 128 + N after signal N) of the node's fork server if it has
+    died, else None (it runs, or none was started). The server's children are the ranks: when it dies (the
+    kernel's OOM killer picks it, the largest process of a container, whose preload holds torch), they die
+    with it (SIGKILL, trainpod.warm_server), and what multiprocessing reports of them is 255: the status
+    only the server could have sent. The server is the agent's child, which multiprocessing reaps when it
+    starts the next one: here it is looked at without reaping it (waitid's WNOWAIT). `wait_s`: how long to wait
+    for a death that its closed pipes announced already (the kernel closes a dying process's files before its
+    parent can see it exit)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)  # the stdlib's own record
+    if not pid:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, AttributeError):  # reaped already (a new server starts), or not Linux
+            return None
+        if info is not None:
+            break
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return pid, 128 + info.si_status
+    return pid, info.si_status
 
 
 def _without_traceback(record: logging.LogRecord) -> bool:

@@ -24,7 +24,8 @@ COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
 USER_SCRIPT = REPO / "tests" / "integration" / "compose" / "pai-2node-user-script.yaml"
 SCRIPTS = REPO / "tests" / "integration" / "compose" / "scripts"
 REJOIN = 5
-STEPS = int(os.environ.get("STAYS_STEPS", 200))  # 0.1 s a step at least: an attempt from step 0 (or from a snapshot at step <= 60) trains > 3 x REJOIN
+# 0.1 s a step at least: an attempt from step 0 (or from a snapshot at step <= 60) trains > 3 x REJOIN
+STEPS = int(os.environ.get("STAYS_STEPS", 200))
 
 
 @pytest.mark.parametrize(("script", "subnet"), [("no_checkpoint.py", "10.151.47"), ("own_snapshot.py", "10.151.48")])

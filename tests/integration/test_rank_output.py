@@ -1,13 +1,19 @@
 """Issue 29 on the host (real torchrun, real supervisord, no Docker): every rank's line reaches the output
 whole and prefixed however the rank writes it and whatever the load (trainpod.ranklog), and a script that
-fails the same way on every rank prints its traceback or usage error once, with one line for the others."""
+fails the same way on every rank prints its traceback or usage error once, with one line for the others.
+Issue 24: a rank's line reaches trainpod's output when it is written, and a bundled example's usage error is
+the rank's line and one of trainpod's."""
 
+import glob
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +171,66 @@ def test_a_traceback_with_torchs_rank_prefix_is_printed_once(tmp_path):
     assert result.stderr.count("Traceback (most recent call last):") == 1, result.stderr[-4000:]
     rank, _ = shown_once(result, "Traceback (most recent call last):", "traceback")
     assert f"[node0 rank{rank}] [rank{rank}]: FileNotFoundError" in result.stderr
+
+
+# --- as it happens, and once (issue 24) ---
+
+# print() without flush: Python buffers a file, and a rank's stdout is one (torchrun's tee)
+WAITS_FOR_GO = textwrap.dedent("""
+    import os, sys, time
+
+    print(f"rank {os.environ['RANK']} started")
+    deadline = time.monotonic() + 45
+    while not os.path.exists("go") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(0 if os.path.exists("go") else 3)
+""")
+
+
+@pytest.mark.slow
+def test_a_ranks_line_reaches_trainpods_output_file_while_the_job_runs(tmp_path):
+    # Before: `trainpod run ... > job.log` without PYTHONUNBUFFERED (a user's sbatch script, nohup) held the
+    # ranks' lines until the job ended.
+    (tmp_path / "script.py").write_text(WAITS_FOR_GO)
+    env = {k: v for k, v in environment().items() if k != "PYTHONUNBUFFERED"}
+    command = [sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()), "--nproc-per-node", "2", "--",
+               sys.executable, str(tmp_path / "script.py")]
+    with open(tmp_path / "job.log", "w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while "[node0 rank1] rank 1 started" not in (tmp_path / "job.log").read_text():
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "job.log").read_text()
+            time.sleep(0.05)
+        assert process.poll() is None  # the job still runs: it waits for this
+        (tmp_path / "go").touch()
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_bundled_examples_usage_error_is_the_ranks_line_and_one_of_trainpods(tmp_path):
+    # Before: each rank's line, torch's "E... failed (exitcode: 64)" and two lines of trainpod's saying the same.
+    temp = tempfile.mkdtemp(prefix="tp-")  # torch's log directory, where its own line is kept
+    try:
+        result = subprocess.run([sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()), "--nproc-per-node",
+                                 "2", "--example", "cifar10-ddp", "--", "--bogus", "1"],
+                                env={**environment(), "TMPDIR": temp}, capture_output=True, text=True, timeout=300,
+                                cwd=tmp_path)
+        kept = "".join(Path(path).read_text() for path in glob.glob(os.path.join(temp, "torchelastic_*", "*", "agent.log")))
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert result.returncode == 64, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    started = [n for n, line in enumerate(lines) if line.startswith("[node0] trainpod: single: node 0 of 1, 2 process(es)")]
+    assert len(started) == 1, lines
+    lines = lines[started[0]:]  # what the job said once it started
+    assert len(lines) == 3 and re.fullmatch(r"\[node0 rank[01]\] cifar10-ddp: error: trainpod\.examples \(cifar10-ddp\): "
+                                            r"unrecognized arguments: --bogus 1", lines[1]), lines
+    assert re.fullmatch(r"\[node0\] trainpod: rank [01] exited with 64 \(a usage error\): not restarting", lines[2]), lines
+    assert result.stdout == ""
+    assert "failed (exitcode: 64)" in kept, kept

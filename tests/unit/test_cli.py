@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -254,7 +255,9 @@ def test_a_rank_killed_by_a_signal_exits_128_plus_signal():
 
 
 def run_job(*args, env=None, timeout=180):
-    """`trainpod run` under supervision (both layers), on a free port, with a short backoff."""
+    """`trainpod run` under supervision (both layers), on a free port, with a short backoff; an example's output
+    in a directory of its own (not ./output of the checkout, which would hold its lock: trainpod.dirlock)."""
+    env = {"TRAINPOD_OUTPUT_DIR": tempfile.mkdtemp(prefix="trainpod-cli-"), **(env or {})}
     return trainpod("run", "--master-port", str(free_port()), "--restart-backoff", "0.1", *args, env=env, timeout=timeout)
 
 

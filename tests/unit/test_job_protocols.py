@@ -141,7 +141,7 @@ def test_explain_places_every_instance(name):
             rendezvous = topology["rendezvous"]
             assert (rendezvous["min_nodes"], rendezvous["max_nodes"]) == ELASTIC[name] and topology["node_rank"] is None
             assert (rendezvous["backend"], rendezvous["endpoint"]) == ("etcd-v3", ETCD)
-            assert rendezvous["id"] == f"alice-{protocol['name']}" and rendezvous["id_origin"].startswith("PAI_JOB_NAME")
+            assert rendezvous["id"] == f"alice~{protocol['name']}" and rendezvous["id_origin"].startswith("PAI_JOB_NAME")
             continue
         assert (topology["nnodes"], topology["node_rank"]) == (nodes, index)
         assert topology["world_size"] == nodes * nproc

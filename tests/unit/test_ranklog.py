@@ -390,6 +390,31 @@ def test_a_traceback_waits_a_moment_for_a_chained_one_then_is_complete():
     assert [line.split("] ", 1)[1] for line in tail.take()] == ["\n"]  # the same block, and a blank line of its own
 
 
+ERROR = "cifar10-ddp: error: trainpod.examples (cifar10-ddp): unrecognized arguments: --bogus 1\n"
+
+
+def test_an_error_line_that_ends_a_ranks_output_is_shown_once_without_a_summary():
+    # Issue 24: a bad flag to a bundled example printed its one line once per rank (then torch's and two of
+    # trainpod's lines): now once per agent, as the rank's last words; its file keeps every rank's.
+    board = ranklog.Board()
+    assert shown(board, 0, "a\n" + ERROR) == ["a\n", ERROR]
+    assert shown(board, 1, "a\n" + ERROR) == ["a\n"]
+    assert shown(board, 0, ERROR, "/nonexistent/attempt_1") == []  # the next attempt's too
+    assert board.pending() == []  # no line saying who else printed it: it would be as long
+
+
+def test_an_error_line_that_more_lines_follow_is_a_line_like_any_other():
+    board = ranklog.Board()
+    assert shown(board, 0, ERROR) == [ERROR]
+    assert shown(board, 1, ERROR + "step 2\n") == [ERROR, "step 2\n"]  # a script's log line, not its last words
+    tail = pure(board, 2)
+    tail.feed(ERROR)
+    tail.idle(ranklog.BLOCK_IDLE_S - 0.1)
+    assert tail.take() == []  # held: the file may end after it
+    tail.idle(ranklog.BLOCK_IDLE_S)
+    assert [line.split("] ", 1)[1] for line in tail.take()] == [ERROR]  # the rank goes on: shown as it came
+
+
 def test_ranks_and_counts_in_the_summary():
     assert ranklog._ranks([2], False) == "rank 2"
     assert ranklog._ranks([0, 1, 2, 3], False) == "ranks 0-3"

@@ -105,6 +105,32 @@ def test_the_end_names_the_first_failure_where_the_last_one_differs():
     assert "first failure" not in budget.decide(fail(1, committed=10, where=empty.where)).line
 
 
+def test_a_failure_with_a_cause_is_named_by_it_and_the_same_by_where_it_happened():
+    # Issue 24: "rank 0 exited with 137 (SIGKILL)" said nothing of memory. The cause names it, with the count,
+    # which grows with each kill: what makes a second OOM at the same step the same failure is `where`.
+    from trainpod import oom
+
+    def killed(kills: int, who: str = "rank 0") -> Failure:
+        return Failure(code=137, committed=20, step=23, where=oom.WHERE, who=who,
+                       cause=f"{who} was killed by the kernel's OOM killer (its cgroup's memory limit is 400 MiB, oom_kill {kills})")
+
+    budget = Budget(3, 600)
+    first = budget.decide(killed(1))
+    assert first.restart and first.line == ("rank 0 was killed by the kernel's OOM killer (its cgroup's memory limit is 400 MiB, "
+                                            "oom_kill 1): restart 1 of 3 without progress")
+    second = budget.decide(killed(2, "rank 1"))  # another rank this time: the same failure
+    assert not second.restart and second.code == 137
+    assert second.line == ("the same failure twice at step 23 without progress: not restarting (exit code 137: rank 1 was killed "
+                           "by the kernel's OOM killer (its cgroup's memory limit is 400 MiB, oom_kill 2))")
+    spent = Budget(0, 600).decide(killed(1))
+    assert spent.line.startswith("rank 0 was killed by the kernel's OOM killer (its cgroup's memory limit is 400 MiB, oom_kill 1) "
+                                 "after 1 attempt(s)")
+    budget = Budget(3, 600)
+    assert budget.decide(fail(1, committed=20)).restart
+    assert budget.decide(killed(1)).restart  # another failure than the first
+    assert budget.decide(killed(2)).line.endswith("; the first failure without progress: rank 0 exited with 1")
+
+
 def test_a_newer_committed_checkpoint_gives_the_budget_back():
     budget = Budget(2, 600)
     assert budget.decide(fail(137, committed=10)).restart

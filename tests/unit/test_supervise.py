@@ -108,6 +108,23 @@ def test_success_is_zero_and_sigterm_is_143():
     assert "received SIGTERM" in stderr
 
 
+def test_ctrl_c_in_the_foreground_says_sigint():
+    # Issue 24: supervisord stops the job with SIGTERM whatever `trainpod run` was given, and the agent said
+    # "received SIGTERM" after a Ctrl-C. A terminal's Ctrl-C signals the foreground process group.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()), "--", "sh", "-c", "echo up; sleep 60"],
+        env={**CLEAN, "PYTHONPATH": ENTRYPOINT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "up" not in process.stdout.readline():
+        assert time.monotonic() < deadline and process.poll() is None
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=90)
+    assert process.returncode == 130, stderr
+    assert "[node0] trainpod: received SIGINT: the workers were stopped" in stderr.splitlines()
+    assert "SIGTERM" not in stderr and "death signal" not in stderr  # nor torch's "Received 15 death signal"
+
+
 @pytest.mark.parametrize("bad", [["--max-restarts", "-1"], ["--restart-backoff", "-2"]])
 def test_bad_policy_flags(bad):
     result = subprocess.run([sys.executable, "-m", "trainpod", "run", *bad, "--", "true"],

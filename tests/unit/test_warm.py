@@ -153,3 +153,22 @@ def test_a_warm_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent(tmp_p
     finally:
         if alive(rank):
             os.kill(rank, signal.SIGKILL)
+
+
+def test_the_fork_servers_death_is_seen_without_reaping_it(monkeypatch):
+    # Issue 24: the OOM killer's SIGKILL of the server (a real child of this process here) is named, and
+    # multiprocessing can still reap it when it starts the next server.
+    from multiprocessing import forkserver
+
+    child = subprocess.Popen(["sleep", "60"])
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", child.pid)
+    try:
+        assert warm.server_death() is None
+        child.kill()
+        assert warm.server_death(wait_s=10) == (child.pid, 128 + signal.SIGKILL)
+        assert warm.server_death() == (child.pid, 128 + signal.SIGKILL)  # still there to be seen
+    finally:
+        child.kill()
+        assert child.wait(timeout=10) == -signal.SIGKILL  # and to be reaped
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)
+    assert warm.server_death() is None  # no server started

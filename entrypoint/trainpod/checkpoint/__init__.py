@@ -2,21 +2,23 @@
 
 The API (used by the examples, meant for your own scripts too):
 
-    ckpt = Checkpointer(directory, keep=3)
+    ckpt = Checkpointer(directory, keep=3)   # also: trusted=, safe_globals= (Loading, below)
     ckpt.save(step, state)      # returns once `state` is copied; the write goes on in the background
     ckpt.wait()                 # every save so far is durable (or its error is raised here)
     ckpt.load_latest()          # (step, state) of the newest good checkpoint, or None
     ckpt.close()                # wait() and release the snapshot buffer; also `with Checkpointer(...)`
 
-`state` is any dict that torch.save accepts. Failures of a background write are raised as
+`state` is any dict that torch.save accepts; loading it back takes tensors and plain values (see
+Loading for anything else). Failures of a background write are raised as
 CheckpointError, one line naming the directory, the file and the OS error ("No space left on
 device"), from the next save(), wait() or close().
 
 Errors and their exit codes (CheckpointError.exit_code, for a script that exits with it):
 - 78 (configuration): a directory that cannot be used at all (a file, a symbolic link loop, not
   readable, not writable for the writer: check() finds these before training starts; an entry named
-  like a checkpoint file that is a directory), or a checkpoint that verifies but that torch.load
-  cannot read here. Retrying fails the same way: fix the job.
+  like a checkpoint file that is a directory), a checkpoint that verifies but that torch.load
+  cannot read here, one that only the full unpickler would load (Loading, below), or a
+  TRAINPOD_TRUST_CHECKPOINTS that is no boolean. Retrying fails the same way: fix the job.
 - 73 (EX_CANTCREAT): a save failed for lack of space (ENOSPC, EDQUOT, EFBIG) or of permission
   (EACCES, EPERM, EROFS). Before the error is reported, the newest earlier checkpoint is verified
   (size and sha256), and the line says which step a new run would resume from. `fatal` shows such
@@ -49,13 +51,34 @@ next older one is tried. With none left it reports "no checkpoint in DIR: starti
 returns None. Verifying reads every byte once more than loading would (sha256 runs at 0.3 to 2
 GB/s, depending on the CPU). A file that matches its sha256 but that torch.load cannot read is not
 damage but a mismatch with this environment (an older torch, a class that no longer imports): that
-raises CheckpointError instead of quietly starting over. Tensors are loaded onto the CPU; the load
-is tried with weights_only=True first, which reads model, optimizer, scheduler and scaler state
-and everything trainpod.rng.rng_state() returns (it stores the numpy state as a tensor for this
-reason). State that holds other objects (an argparse.Namespace, a numpy array) needs the full
-unpickler, and since "any dict that torch.save accepts" is the contract, the load then falls back
-to weights_only=False. That runs pickle on the file: fine for a directory only your own jobs
-write, as the sha256 check does not make it safe against someone who can write both files.
+raises CheckpointError instead of quietly starting over. Tensors are loaded onto the CPU.
+
+Loading never runs code, unless you say so. A checkpoint is a pickle, and unpickling may call any
+function the file names: a file whose pickle calls os.system runs that command on every rank that
+resumes. The sha256 does not help: it proves the bytes are those written, and whoever can write the
+data file can write its manifest. So checkpoints are read only by torch's weights-only unpickler
+(torch.load(weights_only=True)): tensors, dicts, lists, tuples, numbers, strings, OrderedDict, torch's
+dtypes and sizes. That covers what trainpod and the bundled examples save, tested by saving and
+loading each (tests/unit/checkpoint/test_trust.py): model, optimizer (SGD, Adam; Apex's fused ones,
+not runnable on the CPU, keep torch's state layout of tensors and numbers), LR scheduler, GradScaler,
+the samplers' and the ledger's records (trainpod.samplers, trainpod.examples.elastic), every rank's
+trainpod.rng.rng_state() (numpy's state stored as tensors for this reason) and the loss curve; with
+torch 2.13 none of it needs a type of its own allowlisted.
+Anything else (an argparse.Namespace, a numpy array, a class of your script, a function such as
+posix.system) is refused: CheckpointError, exit_code 78, one line naming the file and what it holds
+(the first global torch's unpickler refused), no older checkpoint tried instead (that would be a
+silent roll-back, and whoever wrote this file could write those). Two ways out:
+- `safe_globals=[MyConfig, ...]`: types of your own, harmless to build from any file (no side
+  effects in __setstate__ or __init__), that the weights-only load may construct. They are allowed
+  only while this Checkpointer loads (torch.serialization.safe_globals, scoped: the process's own
+  allowlist is left as it was); types your script gave torch.serialization.add_safe_globals count too.
+- trusting the directory: `trainpod run --trust-checkpoints` (TRAINPOD_TRUST_CHECKPOINTS=1, which
+  the launch plan sets for every rank), or Checkpointer(..., trusted=True), which overrides the
+  variable either way. A checkpoint that the weights-only load refuses is then loaded with the full
+  unpickler, and one line says so, once per Checkpointer, with the file and what it holds. The risk:
+  anyone who can write a file into that directory (a shared volume, a copied checkpoint, another
+  job's or user's account) runs their code with your job's identity, its credentials and its data, on
+  every node that resumes. Trust only a directory that nobody but your own jobs can write.
 
 Saving without stalling. save() waits for the previous save's write to finish (at most one write
 is in flight, so checkpointing needs host memory for one copy of the state and saves complete in
@@ -120,6 +143,7 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable
 
@@ -130,6 +154,7 @@ from trainpod.atomic import fsync_dir, make_shareable
 from trainpod.checkpoint import files
 from trainpod.checkpoint.snapshot import Snapshot
 from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, NO_SPACE, TrainpodError
+from trainpod.settings import TRUST_CHECKPOINTS
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
@@ -164,6 +189,23 @@ def _unusable(directory: Path, exc: OSError, doing: str) -> CheckpointError:
     error = CheckpointError(what + ("; choose another directory or fix this one" if code == EXIT_CONFIG else ""), exit_code=code)
     error.__cause__ = exc
     return error
+
+
+def _holds(refused: files.Refused) -> str:
+    if refused.is_global:
+        return f"it holds {refused.what}, which torch.load(weights_only=True) does not allow"
+    return f"torch.load(weights_only=True) cannot read it ({refused.what})"
+
+
+def _refusal(refused: files.Refused, directory: Path) -> str:
+    """The one line for a checkpoint that only the full unpickler would load: the file, what it holds, the way out."""
+    trust = (f"if nobody but your own jobs can write {directory}, trust it with {TRUST_CHECKPOINTS.flag} "
+             f"({TRUST_CHECKPOINTS.var}=1)")
+    if not refused.is_global:  # no pickle the weights-only unpickler knows: garbage, or opcodes it never allows
+        return (f"{refused.path} matches its manifest's sha256, but torch.load cannot read it here without the full "
+                f"unpickler ({refused.what}), which runs any code a file carries: {trust}")
+    return (f"{refused.path}: not loaded: {_holds(refused)}, and unpickled in full a checkpoint can run any code; "
+            f"{trust}, or pass a harmless type of your own script as Checkpointer(safe_globals=[...])")
 
 
 def _default_log(message: str) -> None:
@@ -298,12 +340,25 @@ class _Job:
 class Checkpointer:
     """Atomic, verified, background checkpoints of one training run in `directory`."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, log: Callable[[str], None] | None = None):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, log: Callable[[str], None] | None = None,
+                 trusted: bool | None = None, safe_globals: Iterable[Any] = ()):
+        """`trusted`: load checkpoints that the weights-only unpickler refuses with the full one (which
+        runs any code a file carries); None: as --trust-checkpoints (TRAINPOD_TRUST_CHECKPOINTS) says,
+        off by default. `safe_globals`: your own types that the weights-only load may build (see the
+        module's docstring)."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an int of at least 1, got {keep!r}")
         self.directory = Path(directory)
         self.keep = keep
         self._log = log or _default_log
+        if trusted is None:
+            try:
+                trusted, _ = TRUST_CHECKPOINTS.from_env(os.environ)
+            except TrainpodError as bad:  # a value that is no boolean: one line naming the variable, 78
+                raise CheckpointError(str(bad), exit_code=bad.exit_code) from None
+        self.trusted = bool(trusted)
+        self.safe_globals = tuple(safe_globals)
+        self._trust_said = False
         self._cond = threading.Condition()
         self._job: _Job | None = None  # the save in flight, until its old checkpoints are deleted
         self._committing = False  # until the save in flight is durable or has failed
@@ -617,6 +672,12 @@ class Checkpointer:
 
     # --- loading ---
 
+    def _trusting(self, refused: files.Refused) -> None:
+        if not self._trust_said:  # once: every load of this Checkpointer is trusted alike
+            self._trust_said = True
+            self._log(f"{refused.path}: {_holds(refused)}; loading it with the full unpickler, which runs any code "
+                      f"a checkpoint carries, as {TRUST_CHECKPOINTS.flag} ({TRUST_CHECKPOINTS.var}) trusts {self.directory}")
+
     def _load(self, step: int) -> tuple[Any] | None:
         try:
             f = files.open_verified(self.directory, step)
@@ -625,7 +686,11 @@ class Checkpointer:
             return None
         with f:
             try:
-                return (files.torch_load(f),)
+                return (files.torch_load(f, trusted=self.trusted, safe_globals=self.safe_globals, on_trust=self._trusting),)
+            except files.Refused as refused:
+                # Deterministic: every rank, every retry refuses it alike; an older checkpoint is no answer
+                # either (a silent roll-back, and whoever wrote this one may have written those too).
+                raise CheckpointError(_refusal(refused, self.directory), exit_code=EXIT_CONFIG) from None
             except Exception as exc:
                 # Not damage (the bytes are those written) but a mismatch with this environment.
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

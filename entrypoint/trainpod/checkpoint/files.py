@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import torch
 
@@ -147,12 +147,58 @@ def sha256_file(f: BinaryIO) -> str:
         h.update(view[:n])
 
 
-def torch_load(f: BinaryIO) -> Any:
-    """What torch.save wrote to f, tensors on the CPU; weights_only=True first (see the manual)."""
+class Refused(Exception):
+    """A verified checkpoint that the weights-only unpickler refused; `what` names what it holds."""
+
+    def __init__(self, path: str, what: str, is_global: bool):
+        super().__init__(f"{path}: {what}")
+        self.path, self.what, self.is_global = path, what, is_global
+
+
+# torch names a refused global in its message ("GLOBAL posix.system whose module posix is blocked",
+# "Unsupported global: GLOBAL argparse.Namespace was not an allowed global by default").
+_GLOBAL = re.compile(r"\bGLOBAL ([A-Za-z_][\w.]*[\w])")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# torch's advice around the reason ("Re-running `torch.load` with `weights_only` set to `False` will
+# likely succeed"): advice to run the file's code, which is exactly what trainpod does not do unasked.
+_BOILERPLATE = ("Weights only load failed", "Check the documentation", "(1) ", "(2) ", "In PyTorch 2.6", "Please file an issue")
+_REASON = "WeightsUnpickler error:"
+
+
+def refused_what(message: str) -> tuple[str, bool]:
+    """(what the weights-only unpickler refused, whether it is a global) from torch's UnpicklingError text:
+    the global it names, else its reason ("Unsupported operand 110": no pickle it reads)."""
+    message = _ANSI.sub("", message)
+    found = _GLOBAL.search(message)
+    if found:
+        return found.group(1), True
+    for line in message.splitlines():
+        line = line.strip()
+        if _REASON in line:
+            line = line.partition(_REASON)[2].strip()
+        if line and not line.startswith(_BOILERPLATE):
+            return line, False
+    return "no reason given", False
+
+
+def torch_load(f: BinaryIO, *, trusted: bool = False, safe_globals: tuple = (),
+               on_trust: Callable[[Refused], None] | None = None) -> Any:
+    """What torch.save wrote to f, tensors on the CPU, by torch's weights-only unpickler: tensors,
+    plain values and the types in `safe_globals` (registered for this load only). Anything else
+    raises Refused, unless `trusted`: then on_trust(the refusal) and the full unpickler, which runs
+    whatever code the file carries (see the manual: trainpod.checkpoint's docstring)."""
     f.seek(0)
+    # Only what torch does not know yet, and only while this load runs: the context manager's exit
+    # removes what it added, which would also drop a global the script had registered itself.
+    added = [g for g in safe_globals if g not in torch.serialization.get_safe_globals()]
     try:
-        return torch.load(f, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # Objects outside torch's allowlist (trainpod.checkpoint's docstring says why this is acceptable).
-        f.seek(0)
-        return torch.load(f, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(added):
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = Refused(getattr(f, "name", "checkpoint"), *refused_what(str(exc)))
+    if not trusted:
+        raise refused
+    if on_trust is not None:
+        on_trust(refused)
+    f.seek(0)
+    return torch.load(f, map_location="cpu", weights_only=False)

@@ -1,6 +1,6 @@
 """Nodes that meet in etcd: no node rank and no master in the environment, the rendezvous assigns them.
 
-An elastic job over etcd (`--rdzv-backend etcd|etcd-v3 --rdzv-endpoint HOST:PORT[,...] --nnodes MIN:MAX`)
+An elastic job over etcd (`--rdzv-backend etcd|etcd-v3 --rdzv-endpoint [https://]HOST:PORT[,...] --nnodes MIN:MAX`)
 needs nothing from the cluster: every node starts the same command, and torch's rendezvous numbers
 the nodes of each round (a node's rank may change when nodes leave or join). Detected from
 TRAINPOD_RDZV_BACKEND; the flags pick it too where no cluster source detects (trainpod.resolve).
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from trainpod.environments.base import ClusterEnvironment, Discovery
 from trainpod.errors import error_for
-from trainpod.rendezvous.etcd_http import parse_endpoints
+from trainpod.rendezvous.etcd_http import named, parse_endpoints, split_scheme
 from trainpod.settings import RDZV_BACKEND, RDZV_ENDPOINT, resolve
 
 ETCD_BACKENDS = ("etcd", "etcd-v3")
@@ -23,9 +23,9 @@ def split_endpoint(endpoint: str, origin: str) -> tuple[str, int]:
     """(host, port) of the first of etcd's endpoints; a one-line error naming `origin` if malformed."""
     try:
         first = parse_endpoints(endpoint)[0]
-    except ValueError as bad:
-        raise error_for(origin)(f"{origin}={endpoint!r}: {bad}") from None
-    host, _, port = first.rpartition(":")
+    except ValueError as bad:  # (never showing a password the text may hold)
+        raise error_for(origin)(f"{named(origin, endpoint)}: {bad}") from None
+    host, _, port = split_scheme(first)[1].rpartition(":")
     return host.strip("[]"), int(port)
 
 

@@ -25,6 +25,7 @@ from trainpod.environments.base import (
 )
 from trainpod.errors import ConfigError, error_for
 from trainpod.settings import Setting
+from trainpod.text import has_control, printable
 
 PLATFORM_PORT_LABELS = ("ssh", "http")
 INDEX_VARS = ("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "PAI_TASK_INDEX")
@@ -55,6 +56,7 @@ class PAIEnvironment(ClusterEnvironment):
                 "PAI_CURRENT_TASK_ROLE_NAME is not set: the source 'pai' reads the variables OpenPAI sets in a "
                 "task's container; run it in an OpenPAI task, or choose another --source"
             )
+        _check_role(role, "PAI_CURRENT_TASK_ROLE_NAME", role)
         index, index_var = self._current_index()
         roles, roles_origin = self._trainer_roles(role)
         counts = {r: self._task_count(r) for r in roles}
@@ -111,6 +113,8 @@ class PAIEnvironment(ClusterEnvironment):
         if text is None:
             return [current], "PAI_CURRENT_TASK_ROLE_NAME"
         roles = [r.strip() for r in text.split(",") if r.strip()]
+        for listed in roles:
+            _check_role(listed, origin, text)
         error = error_for(origin)
         duplicates = sorted({r for r in roles if roles.count(r) > 1})
         if duplicates:
@@ -131,7 +135,7 @@ class PAIEnvironment(ClusterEnvironment):
     def _task_count(self, role: str) -> int:
         var = f"PAI_TASK_ROLE_TASK_COUNT_{role}"
         if var not in self.env:
-            known = ", ".join(sorted(self._known_roles())) or "none found"
+            known = printable(", ".join(sorted(self._known_roles()))) or "none found"
             raise ConfigError(f"{var} is not set: is {role!r} a task role of this job? (roles: {known})")
         return parse_int(self.env[var], var, minimum=1, maximum=MAX_NODES)
 
@@ -155,7 +159,7 @@ class PAIEnvironment(ClusterEnvironment):
     def _master_port(self, role: str) -> tuple[int, str, tuple[str, ...]]:
         variables = self._port_variables(role)
         chosen, origin = self.setting("pai_port_label")
-        listing = ", ".join(variables) or "none"
+        listing = printable(", ".join(variables)) or "none"
         if chosen:
             if chosen not in variables:
                 raise error_for(origin)(f"{origin}={chosen!r}: no such port label on {role} instance 0 (labels found: {listing})")
@@ -164,7 +168,7 @@ class PAIEnvironment(ClusterEnvironment):
             candidates = [label for label in variables if label not in PLATFORM_PORT_LABELS]
             if len(candidates) > 1:
                 raise ConfigError(
-                    f"several port labels are reserved on {role} instance 0 ({', '.join(candidates)}): "
+                    f"several port labels are reserved on {role} instance 0 ({printable(', '.join(candidates))}): "
                     "choose the master's with --pai-port-label or TRAINPOD_PAI_PORT_LABEL"
                 )
             if not candidates:
@@ -178,6 +182,13 @@ class PAIEnvironment(ClusterEnvironment):
         var = variables[label]
         first = self.env[var].split(",")[0]
         return parse_port(first, var), var, ()
+
+
+def _check_role(role: str, origin: str, value: str) -> None:
+    """A task role's name is part of variable names (PAI_HOST_IP_<role>_0) and of messages: no blank or
+    control character (OpenPAI's own names are letters, digits and '_')."""
+    if has_control(role) or any(char.isspace() for char in role):
+        raise error_for(origin)(f"{origin}={value!r}: expected task role names without blanks or control characters")
 
 
 def _job_identity(env: Mapping[str, str]) -> tuple[str | None, str]:

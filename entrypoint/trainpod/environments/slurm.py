@@ -17,6 +17,7 @@ job exported one, else derived from the job id, so that two jobs sharing a node 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Mapping
 
@@ -51,6 +52,9 @@ def expand_hostlist(expression: str) -> list[str]:
                 choices.append([part])
         if not choices:
             raise ValueError(f"an empty host name in {expression!r}")
+        # Counted before it is expanded: 'a[1-60000]b[1-60000]' would be 3.6e9 names.
+        if len(hosts) + math.prod(len(choice) for choice in choices) > MAX_NODES:
+            raise ValueError(f"more than {MAX_NODES} hosts")
         hosts.extend("".join(combination) for combination in itertools.product(*choices))
     if not hosts:
         raise ValueError("no hosts")
@@ -82,14 +86,14 @@ def _split_top_level(expression: str) -> list[str]:
 def _expand_ranges(body: str) -> list[str]:
     values: list[str] = []
     for piece in body.split(","):
-        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", piece.strip())
+        match = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9}))?", piece.strip())  # (int() of 5000 digits is an error too)
         if not match:
             raise ValueError(f"{piece!r} is not a number or a range")
         low, high = match[1], match[2] if match[2] is not None else match[1]
         if int(high) < int(low):
             raise ValueError(f"the range {piece!r} runs backwards")
-        if int(high) - int(low) >= MAX_NODES:
-            raise ValueError(f"the range {piece!r} is longer than {MAX_NODES} nodes")
+        if int(high) - int(low) + len(values) >= MAX_NODES:
+            raise ValueError(f"the ranges {body!r} name more than {MAX_NODES} nodes")
         width = len(low)
         values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
     return values

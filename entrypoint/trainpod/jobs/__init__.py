@@ -9,40 +9,22 @@ TorchX's: a spec, a printable dry run (the default: print the file, write nothin
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from trainpod import settings
-from trainpod.errors import error_for
+from trainpod.errors import UsageError, error_for
 from trainpod.examples import EXAMPLES, Example
 from trainpod.jobs.base import JobRequest, Scheduler
 from trainpod.jobs.kubeflow import KubeflowJob
 from trainpod.jobs.openpai import OpenPAIJob
 from trainpod.jobs.slurm import SlurmJob
 from trainpod.jobs.ssh import SSHJob
+from trainpod.jobs.values import CONTROL_EXPECTED, DnsLabel, ImageReference, check_text, has_control, has_userinfo, redact
 from trainpod.rendezvous.etcd_http import parse_endpoints
-from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Integer, Invalid, Setting, Switch
+from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Host, Integer, Invalid, Setting, Switch
 
 REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob, SSHJob)}
-
-
-@dataclass(frozen=True)
-class JobName:
-    """A name every scheduler takes: Kubernetes' DNS label rules (OpenPAI's and SLURM's are looser),
-    short enough for the pod names the operator derives from it (`<name>-worker-12`)."""
-
-    maximum: int = 40
-
-    def expected(self) -> str:
-        return f"lower-case letters, digits and '-', starting with a letter, at most {self.maximum} characters"
-
-    def __call__(self, value: Any) -> str:
-        text = str(value).strip()
-        if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", text) or len(text) > self.maximum:
-            raise Invalid(self.expected())
-        return text
 
 
 NODES = Setting("nodes", "nodes (containers, hosts) the job runs on (default: the size the example is meant for)",
@@ -54,8 +36,11 @@ NPROC_PER_NODE = Setting("nproc_per_node", "processes per node (default: one per
 BACKEND = Setting("backend", "collective backend (default: decided on the node: nccl with GPUs, else gloo)", Choice(BACKENDS),
                   var="TRAINPOD_JOB_BACKEND")
 IMAGE = Setting("image", "the image (default: trainpod:<flavour>: cpu, cuda, or the flavour the example needs on GPUs)",
-                var="TRAINPOD_JOB_IMAGE", metavar="IMAGE")
-NAME = Setting("name", "the job's name (default: trainpod-<example>)", JobName(), var="TRAINPOD_JOB_NAME", metavar="NAME")
+                ImageReference(), var="TRAINPOD_JOB_IMAGE", metavar="IMAGE")
+# A name every scheduler takes: Kubernetes' DNS label rules (OpenPAI's and SLURM's are looser), short
+# enough for the pod names the operator derives from it (`<name>-worker-12`).
+NAME = Setting("name", "the job's name (default: trainpod-<example>)", DnsLabel(40, letter_first=True), var="TRAINPOD_JOB_NAME",
+               metavar="NAME")
 CPUS = Setting("cpus", "CPU cores per node (default: 4 per GPU, 4 on CPU)", Integer(1, 100000), var="TRAINPOD_JOB_CPUS")
 MEMORY_MB = Setting("memory_mb", "memory per node in MiB (default: 16384 per GPU, 8192 on CPU)", Integer(256, 100_000_000),
                     var="TRAINPOD_JOB_MEMORY_MB", metavar="MIB")
@@ -67,6 +52,9 @@ SUBMIT = Setting("submit", "launch the job instead of printing it (slurm: sbatch
                  var="TRAINPOD_JOB_SUBMIT", default=False)
 SETTINGS = (NODES, GPUS, NPROC_PER_NODE, BACKEND, IMAGE, NAME, CPUS, MEMORY_MB, SHM_MB, settings.TERM_GRACE, RDZV_ENDPOINT,
             SUBMIT)
+
+
+MAX_GRACE_S = 2**31 - 1  # terminationGracePeriodSeconds, docker's --stop-timeout: every scheduler holds it in 32 bits
 
 
 def default_image(example: Example, gpus: int) -> str:
@@ -91,11 +79,52 @@ def _canonical(scheduler: str, example: str, values: settings.Values, own: setti
     return (*argv, *(("--", *args) if args else ()))
 
 
+def _check_given(own_settings: Sequence[Setting], flags: Mapping[str, Any], env: Mapping[str, str], args: Sequence[str]) -> None:
+    """No value this job takes holds a control character: a newline in a flag would start a second line
+    of the job file (a command in an sbatch script, a key in YAML). Only what resolve() will use is
+    checked: a variable that a flag overrides is not. An endpoint is shown without its credentials."""
+    for setting in (*SETTINGS, *own_settings):
+        given = flags.get(setting.name)
+        origin, value = (setting.flag, given) if given is not None else (setting.var, env.get(setting.var or "", ""))
+        if isinstance(value, str) and value.strip():
+            check_text(value, origin or setting.flag, shown=redact(value) if setting is RDZV_ENDPOINT else None)
+    for arg in args:
+        if has_control(arg):
+            raise UsageError(f"the example's flags after --: {arg!r}: expected {CONTROL_EXPECTED}")
+
+
+def _endpoint(example: Example, text: str, origin: str) -> str:
+    """The etcd endpoints as the job file gives them to `trainpod run`: host:port,... and nothing else.
+    Credentials are refused: the file is printed, committed and shared (the nodes read them from a file
+    or variable of their own), and no message repeats them."""
+    shown = redact(text)
+    if has_userinfo(text):
+        raise error_for(origin)(f"{origin}={shown!r}: expected etcd endpoints without credentials: a job file is printed and "
+                                "shared, so a user name and password do not go in it; give them to the nodes in a file or "
+                                "variable of their own")
+    if example.min_nodes is None:
+        raise error_for(origin)(f"{origin}={shown}: the example {example.name} is not elastic; the endpoint is for "
+                                f"{', '.join(e.name for e in EXAMPLES.values() if e.min_nodes is not None)}")
+    try:
+        endpoints = parse_endpoints(text)
+    except ValueError as exc:
+        raise error_for(origin)(f"{origin}: {exc}") from None
+    for endpoint in endpoints:
+        # Each host lands in the job file (a YAML field, a --rdzv-endpoint of the command): a host name or an address.
+        address = endpoint.split("://", 1)[-1]
+        try:
+            Host()(address.rpartition(":")[0] or address)
+        except Invalid as bad:
+            raise error_for(origin)(f"{origin}={shown!r}: the host of {endpoint!r}: expected {bad}") from None
+    return ",".join(endpoints)
+
+
 def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapping[str, str],
           args: Sequence[str] = ()) -> tuple[Scheduler, settings.Values]:
     """The scheduler's renderer for this job, and the common settings (submit among them)."""
     cls = REGISTRY[scheduler]
     example = EXAMPLES[example_name]
+    _check_given(cls.settings, flags, env, args)
     values = settings.resolve(SETTINGS, flags, env)
     nodes = values.nodes if values.nodes is not None else example.nodes
     if example.max_nodes and nodes > example.max_nodes:
@@ -106,6 +135,10 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
     if values.backend == "nccl" and not gpus:
         origin = values.origins["backend"]
         raise error_for(origin)(f"{origin}=nccl: NCCL needs GPUs; give --gpus N, or use gloo on CPU")
+    if values.term_grace > MAX_GRACE_S - 30:
+        origin = values.origins["term_grace"]
+        raise error_for(origin)(f"{origin}={values.term_grace:g}: expected at most {MAX_GRACE_S - 30} seconds (a job file's grace "
+                                "period, --term-grace + 30 s, is a 32-bit integer of seconds)")
     nproc = values.nproc_per_node
     if nproc is not None and example.nproc_per_node and nproc != example.nproc_per_node:
         origin = values.origins["nproc_per_node"]
@@ -116,14 +149,7 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
         raise error_for(origin)(f"{origin}={nproc}: more processes than the {gpus} GPU(s) per node")
     endpoint = values.rdzv_endpoint
     if endpoint is not None:
-        origin = values.origins["rdzv_endpoint"]
-        if example.min_nodes is None:
-            raise error_for(origin)(f"{origin}={endpoint}: the example {example.name} is not elastic; the endpoint is for "
-                                    f"{', '.join(e.name for e in EXAMPLES.values() if e.min_nodes is not None)}")
-        try:
-            endpoint = ",".join(parse_endpoints(endpoint))
-        except ValueError as exc:
-            raise error_for(origin)(f"{origin}: {exc}") from None
+        endpoint = _endpoint(example, endpoint, values.origins["rdzv_endpoint"])
     own = settings.resolve(cls.settings, flags, env)
     request = JobRequest(
         example=example,

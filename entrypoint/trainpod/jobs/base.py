@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from trainpod.errors import UsageError
 from trainpod.examples import Example
+from trainpod.jobs.values import printable, shell_line
 from trainpod.settings import TERM_GRACE, Setting, Values, resolve
 from trainpod.supervise import stop_wait_s
 
@@ -106,7 +107,8 @@ class JobRequest:
         return f"{self.example.name}, {nodes} x {self.processes_per_node} process(es), {gpus}, {self.effective_backend}"
 
     def generated_by(self) -> str:
-        return shlex.join(self.command_line) if self.command_line else f"trainpod job ... {self.example.name}"
+        """The command line that renders this file, as bash reads it back, in printable ASCII (a header line)."""
+        return shell_line(self.command_line) if self.command_line else f"trainpod job ... {self.example.name}"
 
 
 class Scheduler(abc.ABC):
@@ -119,7 +121,8 @@ class Scheduler(abc.ABC):
 
     def __init__(self, request: JobRequest, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None):
         self.request = request
-        self.options: Values = resolve(self.settings, flags or {}, env or {})
+        self.env: Mapping[str, str] = env or {}  # what --submit may read besides the settings (ssh: SSH_AUTH_SOCK)
+        self.options: Values = resolve(self.settings, flags or {}, self.env)
         self.check()
 
     def check(self) -> None:
@@ -146,4 +149,7 @@ def to_yaml(data: Any) -> str:
 
 
 def comment(lines: Sequence[str], mark: str = "#") -> str:
-    return "".join(f"{mark} {line}".rstrip() + "\n" for line in lines)
+    """Comment lines, each of them one line of printable ASCII whatever it quotes: a line break or any
+    other character outside printable ASCII is written as an escape (the values are checked before
+    they get here; this keeps a comment a comment regardless)."""
+    return "".join(f"{mark} {printable(line)}".rstrip() + "\n" for line in lines)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainpod.jobs.base import JobRequest, Scheduler, comment, to_yaml
+from trainpod.jobs.values import DnsLabel
 from trainpod.settings import Integer, Setting
 
 CONTAINER = "pytorch"  # the operator's default container name: only it gets the variables
@@ -87,7 +88,8 @@ def elastic_policy(request: JobRequest) -> dict[str, Any]:
     low, high = request.node_range
     policy: dict[str, Any] = {"rdzvBackend": "c10d", "minReplicas": low, "maxReplicas": high}
     if request.rdzv_endpoint:
-        host, _, port = request.rdzv_endpoint.split(",")[0].rpartition(":")
+        # The first endpoint, without an https:// (the operator's fields are a host and a port).
+        host, _, port = request.rdzv_endpoint.split(",")[0].split("://", 1)[-1].rpartition(":")
         policy.update(rdzvBackend="etcd", rdzvHost=host.strip("[]"), rdzvPort=int(port))
     return policy
 
@@ -96,8 +98,9 @@ class KubeflowJob(Scheduler):
     name = "kubeflow"
     description = "a Kubeflow PyTorchJob (kubeflow.org/v1): a Master pod and Worker pods, one per node"
     settings = (
-        Setting("namespace", "the PyTorchJob's namespace (default: none, kubectl's current one)", var="TRAINPOD_JOB_NAMESPACE",
-                metavar="NS"),
+        # A namespace is a DNS-1123 label (Kubernetes refuses anything else, but only when the job is applied).
+        Setting("namespace", "the PyTorchJob's namespace (default: none, kubectl's current one)", DnsLabel(63),
+                var="TRAINPOD_JOB_NAMESPACE", metavar="NS"),
         Setting("master_port", "the Master's port, named pytorchjob-port (default 23456, the operator's)", Integer(1, 65535),
                 var="TRAINPOD_JOB_MASTER_PORT", default=DEFAULT_PORT, metavar="PORT"),
         Setting("backoff_limit", "pod restarts (exit 128-255) before the job fails (default 3)", Integer(0, 1000),

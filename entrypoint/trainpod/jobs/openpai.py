@@ -23,26 +23,19 @@ successfully unless that many failed (FrameworkController's completion policy).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from trainpod.environments.pai import PLATFORM_PORT_LABELS
 from trainpod.errors import UsageError, error_for
 from trainpod.jobs.base import JobRequest, Scheduler, comment, to_yaml
-from trainpod.settings import Invalid, Setting
+from trainpod.jobs.values import Pattern
+from trainpod.settings import Setting
 
-
-class _Label:
-    """A task role name or port label: OpenPAI's `^[a-zA-Z_][a-zA-Z0-9_]*$` (a C identifier)."""
-
-    def expected(self) -> str:
-        return "a name of letters, digits and '_' that does not start with a digit"
-
-    def __call__(self, value: Any) -> str:
-        text = str(value).strip()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text):
-            raise Invalid(self.expected())
-        return text
+# A task role name or port label: OpenPAI's `^[a-zA-Z_][a-zA-Z0-9_]*$` (a C identifier: it becomes part of
+# variable names, PAI_HOST_IP_<role>_0); a virtual cluster: a queue's name, no blanks, no leading '-'.
+_LABEL = Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "a name of letters, digits and '_' that does not start with a digit")
+_VIRTUAL_CLUSTER = Pattern(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,254}", "a virtual cluster's name: letters, digits, '_' and '-', "
+                           "not starting with '-'")
 
 
 IMAGE_REF = "trainpod_image"  # the prerequisite's name, which the task role references
@@ -82,12 +75,12 @@ class OpenPAIJob(Scheduler):
     name = "openpai"
     description = "an OpenPAI job protocol v2 (YAML): one task role, one instance per node, gang allocation"
     settings = (
-        Setting("pai_role", "the task role's name (default worker)", _Label(), var="TRAINPOD_JOB_PAI_ROLE", default="worker",
+        Setting("pai_role", "the task role's name (default worker)", _LABEL, var="TRAINPOD_JOB_PAI_ROLE", default="worker",
                 metavar="ROLE"),
-        Setting("pai_port_label", "the label of the reserved master port (default SyncPort)", _Label(),
+        Setting("pai_port_label", "the label of the reserved master port (default SyncPort)", _LABEL,
                 var="TRAINPOD_JOB_PAI_PORT_LABEL", default="SyncPort", metavar="LABEL"),
-        Setting("virtual_cluster", "the virtual cluster (default default)", var="TRAINPOD_JOB_VIRTUAL_CLUSTER", default="default",
-                metavar="VC"),
+        Setting("virtual_cluster", "the virtual cluster (default default)", _VIRTUAL_CLUSTER, var="TRAINPOD_JOB_VIRTUAL_CLUSTER",
+                default="default", metavar="VC"),
     )
 
     def check(self) -> None:

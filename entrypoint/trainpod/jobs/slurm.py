@@ -15,24 +15,20 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-from typing import Any
 
 from trainpod.errors import ConfigError
 from trainpod.jobs.base import Scheduler, comment
-from trainpod.settings import Invalid, Setting
+from trainpod.jobs.values import Pattern, SbatchWord
+from trainpod.settings import Setting
 
-
-class _Word:
-    """An sbatch option value: no blanks, quotes or newlines (it goes on a #SBATCH line)."""
-
-    def expected(self) -> str:
-        return "a value without blanks or quotes"
-
-    def __call__(self, value: Any) -> str:
-        text = str(value).strip()
-        if not text or any(c.isspace() or c in "'\"\\" for c in text):
-            raise Invalid(self.expected())
-        return text
+# sbatch's --partition: one name or a comma-separated list of them; --time: its formats (minutes,
+# minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds, or
+# UNLIMITED); --output: a file name pattern, any word sbatch's #SBATCH parser keeps whole.
+_PARTITION = Pattern(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*(?:,[A-Za-z0-9_.][A-Za-z0-9_.-]*)*",
+                     "a partition name, or several separated by commas (letters, digits, '_', '.', '-')")
+_TIME = Pattern(r"[0-9]+(?::[0-9]+){0,2}|[0-9]+-[0-9]+(?::[0-9]+){0,2}|(?i:unlimited|infinite)",
+                "sbatch's time format: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS[:MINUTES[:SECONDS]] "
+                "or UNLIMITED")
 
 
 class SlurmJob(Scheduler):
@@ -40,11 +36,11 @@ class SlurmJob(Scheduler):
     description = "an sbatch script: one `trainpod run` per node, started by srun (trainpod installed on the nodes)"
     submits = "sbatch (the script on its standard input)"
     settings = (
-        Setting("partition", "the partition (default: the cluster's default)", _Word(), var="TRAINPOD_JOB_PARTITION",
+        Setting("partition", "the partition (default: the cluster's default)", _PARTITION, var="TRAINPOD_JOB_PARTITION",
                 metavar="NAME"),
-        Setting("time", "the time limit, in sbatch's format (e.g. 2:00:00; default: the partition's)", _Word(),
+        Setting("time", "the time limit, in sbatch's format (e.g. 2:00:00; default: the partition's)", _TIME,
                 var="TRAINPOD_JOB_TIME", metavar="TIME"),
-        Setting("output", "sbatch's --output file (%%j: the job id; default <name>-%%j.out in the submit directory)", _Word(),
+        Setting("output", "sbatch's --output file (%%j: the job id; default <name>-%%j.out in the submit directory)", SbatchWord(),
                 var="TRAINPOD_JOB_OUTPUT", metavar="FILE"),
     )
 

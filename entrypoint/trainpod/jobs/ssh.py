@@ -25,6 +25,7 @@ from typing import Any
 from trainpod.environments.base import DEFAULT_MASTER_PORT
 from trainpod.errors import ConfigError, UsageError, error_for
 from trainpod.jobs.base import Scheduler, comment
+from trainpod.jobs.values import read_text
 from trainpod.settings import Host, Integer, Invalid, Number, Setting, Switch
 
 PID_TAG = "trainpod-ssh-pid"  # the first line every remote command prints: its PID, for the stop
@@ -48,7 +49,9 @@ class Target:
         return f"{user}{host}:{self.port}"
 
 
-_TARGET = re.compile(r"(?:(?P<user>[^@\s:]+)@)?(?P<host>\[[^\]]+\]|[^:\s@\[\]]+)(?::(?P<port>[0-9]+))?")
+# A user name as POSIX systems take them (letters, digits, '_', '.', '-', not starting with '-'); it is
+# printed beside the host in the job's listing.
+_TARGET = re.compile(r"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?(?P<host>\[[^\]]+\]|[^:\s@\[\]]+)(?::(?P<port>[0-9]+))?")
 
 
 def parse_target(text: str) -> Target:
@@ -87,7 +90,7 @@ class HostList:
 
 HOSTS = Setting("hosts", "the hosts, comma-separated [user@]host[:port]; the first is the master", HostList(),
                 var="TRAINPOD_JOB_HOSTS", metavar="H1,H2")
-HOSTS_FILE = Setting("hosts_file", "a file of hosts, one [user@]host[:port] a line (# comments), instead of --hosts",
+HOSTS_FILE = Setting("hosts_file", "a file of hosts (UTF-8), one [user@]host[:port] a line (# comments), instead of --hosts",
                      var="TRAINPOD_JOB_HOSTS_FILE", metavar="FILE")
 
 
@@ -136,10 +139,7 @@ class SSHJob(Scheduler):
 
     @staticmethod
     def _read_hosts_file(path: str, origin: str) -> tuple[Target, ...]:
-        try:
-            text = Path(path).read_text()
-        except OSError as error:
-            raise error_for(origin)(f"{origin}={path!r}: {error.strerror or error}") from None
+        text = read_text(path, origin, "a host list, one [user@]host[:port] a line")
         lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
         lines = [line for line in lines if line]
         try:
@@ -194,10 +194,12 @@ class SSHJob(Scheduler):
             raise ConfigError("trainpod job ssh --submit needs asyncssh: pip install 'trainpod[ssh]'") from None
         import asyncio
 
+        from trainpod.jobs.ssh_keys import client_options
         from trainpod.jobs.ssh_launch import Launch  # asyncio's and asyncssh's world: only for --submit
 
+        keys = client_options(self.options, self.env)  # a bad key or known_hosts file: 64/78 before any host is tried
         log_dir = Path(self.options.log_dir or Path("trainpod-logs") / self.request.name)
-        return asyncio.run(Launch(self, log_dir).run())
+        return asyncio.run(Launch(self, log_dir, keys).run())
 
 
 __all__ = ["HostList", "SSHJob", "Target", "parse_target"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError, error_for
 from trainpod.jobs.ssh import PID_TAG, SSHJob, Target
+from trainpod.jobs.values import printable
 
 
 class HostError(TrainpodError):
@@ -31,9 +32,10 @@ class HostError(TrainpodError):
 class Launch:
     """One --submit: connect to all, start all, stream, stop all, the job's exit code."""
 
-    def __init__(self, job: SSHJob, log_dir: Path):
+    def __init__(self, job: SSHJob, log_dir: Path, keys: dict[str, Any] | None = None):
         self.job = job
         self.log_dir = log_dir
+        self.keys = keys or {}  # --identity and --known-hosts, already read (trainpod.jobs.ssh_keys)
         self.connections: list[Any] = []
         self.processes: list[Any] = []
         self.pids: dict[int, str] = {}
@@ -52,10 +54,7 @@ class Launch:
         options: dict[str, Any] = {"port": target.port, "connect_timeout": o.ssh_timeout}
         if target.user:
             options["username"] = target.user
-        if o.identity:
-            options["client_keys"] = [o.identity]
-        if o.known_hosts:
-            options["known_hosts"] = o.known_hosts
+        options.update(self.keys)
         try:
             return await asyncssh.connect(target.host, **options)
         except socket.gaierror as error:
@@ -70,6 +69,10 @@ class Launch:
                             EXIT_CONFIG) from None
         except (asyncio.TimeoutError, TimeoutError):
             raise HostError(target, f"no answer within {o.ssh_timeout:g} s (--ssh-timeout)", EXIT_UNAVAILABLE) from None
+        except ValueError as error:
+            # asyncssh read one of SSH's default files (~/.ssh/config, known_hosts, id_*) and could not parse it.
+            raise HostError(target, f"SSH's own files could not be read ({printable(str(error))}): check ~/.ssh, or give "
+                            "--identity and --known-hosts", EXIT_CONFIG) from None
         except (OSError, asyncssh.Error) as error:
             reason = getattr(error, "strerror", None) or getattr(error, "reason", None) or str(error) or type(error).__name__
             raise HostError(target, f"unreachable: {reason}", EXIT_UNAVAILABLE) from None

@@ -2,7 +2,7 @@
 
 torch's own etcd rendezvous backends (`etcd`, `etcd-v2`) speak only etcd's v2 API, which etcd 3.4
 and 3.5 serve only with --enable-v2 and 3.6 removed (pytorch issues #158326, #170707). This one
-needs nothing but the v3 API, which every etcd from 3.4 on serves over plain HTTP (etcd_http.py).
+needs nothing but the v3 API, which every etcd from 3.4 on serves over HTTP or HTTPS (etcd_http.py).
 
 Use. torchrun looks backends up in torch's rendezvous handler registry, which knows `etcd-v3` only
 once register() ran in the agent's process, before torchrun creates the handler:
@@ -16,7 +16,10 @@ once register() ran in the agent's process, before torchrun creates the handler:
 `read_timeout` (seconds each etcd request may take, and an agent may wait for a key of the
 store, default 60, as torch's c10d backend uses it for its TCPStore), `ttl` (the lease, below;
 default 7200) and those of torch's dynamic rendezvous (join_timeout, last_call_timeout,
-close_timeout, heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt).
+close_timeout, heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt); with TLS
+(`--rdzv-endpoint https://...`), `cacert`, `cert` and `key`, the names torch's etcd backend reads;
+an etcd user and its password come from TRAINPOD_ETCD_USER and TRAINPOD_ETCD_PASSWORD_FILE or
+TRAINPOD_ETCD_PASSWORD (etcd_http.EtcdAccess), never from the command line.
 
 The state. torch's DynamicRendezvousHandler keeps the whole rendezvous (participants, wait list,
 heartbeats, round, closed) in one opaque byte string and asks its backend only to read it and to
@@ -67,7 +70,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as create_dynamic_handler
 
-from trainpod.rendezvous.etcd_http import EtcdClient, EtcdResponseError, EtcdUnreachableError
+from trainpod.rendezvous.etcd_http import EtcdAccess, EtcdClient, EtcdResponseError, EtcdUnreachableError
 
 __all__ = ["NAME", "EtcdV3Backend", "EtcdV3Store", "Lease", "create_backend", "create_handler", "register"]
 
@@ -253,7 +256,8 @@ def _client(params: RendezvousParameters) -> EtcdClient:
         raise ValueError(f"{NAME} rendezvous: read_timeout must be a positive number of seconds, got {read_timeout!r}")
     if not params.endpoint:
         raise ValueError(f"{NAME} rendezvous: an endpoint is needed (--rdzv-endpoint host:port[,host:port...])")
-    return EtcdClient(params.endpoint, read_timeout)
+    # TLS files from the rendezvous configuration, the user from TRAINPOD_ETCD_* (the launch plan puts them there).
+    return EtcdClient(params.endpoint, read_timeout, EtcdAccess.from_env(params.config))
 
 
 def create_backend(params: RendezvousParameters) -> tuple[EtcdV3Backend, EtcdV3Store]:

@@ -54,11 +54,15 @@ def test_a_flipped_byte_anywhere_in_the_file_is_caught(tmp_path, where):
 # --- verified load ------------------------------------------------------------------------------
 
 
-def test_state_beyond_the_weights_only_allowlist_still_loads(tmp_path):
+def test_state_beyond_the_weights_only_allowlist_loads_only_when_trusted(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRAINPOD_TRUST_CHECKPOINTS", raising=False)
     state = {"args": argparse.Namespace(lr=0.1, name="run"), "w": torch.ones(3)}
     with Checkpointer(tmp_path) as ckpt:
         ckpt.save(1, state)
-    step, loaded = load(tmp_path)[0]
+    with pytest.raises(CheckpointError, match=r"not loaded: it holds argparse\.Namespace") as raised:
+        load(tmp_path)
+    assert raised.value.exit_code == 78  # tests/unit/checkpoint/test_trust.py: what may run, and the way out
+    step, loaded = Checkpointer(tmp_path, trusted=True, log=lambda line: None).load_latest()
     assert loaded["args"] == state["args"]
 
 

@@ -190,5 +190,25 @@ def test_the_job_and_its_attempt_name_the_rendezvous():
 
     env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "FC_FRAMEWORK_ATTEMPT_ID": "2"}
     topology = resolve_topology(Options(rdzv_backend="etcd-v3", rdzv_endpoint="etcd:2379"), env, resolve_names=False)
-    assert topology.rdzv.id == "alice-cifar10-ddp-2node-a2"
-    assert topology.origins["rdzv_id"] == "PAI_JOB_NAME + FC_FRAMEWORK_ATTEMPT_ID"
+    # OpenPAI's user~job name, kept exactly as it reads (trainpod.rendezvous.ids)
+    assert topology.rdzv.id == "alice~cifar10-ddp-2node-a2"
+    assert topology.origins["rdzv_id"] == "PAI_JOB_NAME + FC_FRAMEWORK_ATTEMPT_ID"  # nothing escaped: nothing to say
+
+
+@pytest.mark.parametrize("role", ["work\ner", "w\rx", "w x", "w\u2028x", "w\x85x"])
+def test_a_role_name_with_a_line_break_or_blank_is_one_line(role):
+    # (found by tests/unit/test_fuzz.py: the role went raw into the variable names the errors quote)
+    env = {"PAI_CURRENT_TASK_ROLE_NAME": role, "PAI_TASK_INDEX": "0"}
+    with pytest.raises(ConfigError) as raised:
+        discover(env)
+    assert len(str(raised.value).splitlines()) == 1 and "PAI_CURRENT_TASK_ROLE_NAME=" in str(raised.value)
+    with pytest.raises(UsageError) as raised:
+        discover(pai_environment({"worker": 2}, ("worker", 0), {"SyncPort": 1}), pai_roles=f"worker,{role}")
+    assert len(str(raised.value).splitlines()) == 1
+
+
+def test_known_roles_are_listed_on_one_line():
+    env = {**pai_environment({"worker": 2}, ("worker", 0), {"SyncPort": 1}), "PAI_TASK_ROLE_LIST": "ps\r,x\ny"}
+    with pytest.raises(ConfigError) as raised:
+        discover(env, pai_roles="worker,ps")
+    assert len(str(raised.value).splitlines()) == 1 and "roles: " in str(raised.value)

@@ -133,3 +133,13 @@ def test_the_job_its_step_and_its_restart_count_name_the_rendezvous():
     found = SlurmEnvironment({**STEP, "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"}).discover()
     assert found.job_id == "slurm-4242-s3-r1"
     assert found.origins["job_id"] == "SLURM_JOB_ID + SLURM_STEP_ID + SLURM_RESTART_COUNT"
+
+
+@pytest.mark.parametrize("expression", ["a[1-65535]b[1-65535]", "a[1-60000,1-60000]", "a[1-40000],b[1-40000]", "a[1-" + "9" * 5000 + "]"])
+def test_a_hostlist_of_more_nodes_than_any_job_is_refused_before_it_is_expanded(expression):
+    # (found by tests/unit/test_fuzz.py: 'a[1-65535]b[1-65535]' was expanded to 4.3e9 names, hanging the node)
+    with pytest.raises(ValueError):
+        expand_hostlist(expression)
+    with pytest.raises(ConfigError, match="SLURM_JOB_NODELIST="):
+        SlurmEnvironment({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": expression}).discover()
+    assert len(expand_hostlist("a[1-65535],b")) == 65536

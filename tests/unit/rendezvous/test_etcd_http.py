@@ -25,16 +25,32 @@ from trainpod.rendezvous.etcd_http import (
     ("a:1, b:2 ,c", ["a:1", "b:2", "c:2379"]),
     ("[::1]:2379", ["[::1]:2379"]),
     (["a:1", "b"], ["a:1", "b:2379"]),
+    ("https://etcd1:2379,https://etcd2", ["https://etcd1:2379", "https://etcd2:2379"]),
+    ("https://[::1]:2379", ["https://[::1]:2379"]),
 ])  # fmt: skip
 def test_parse_endpoints(given, expected):
     assert parse_endpoints(given) == expected
 
 
-@pytest.mark.parametrize("bad,match", [("", "expected host:port"), ("https://etcd:2379", "no TLS"), ("etcd:port", "host:port"),
-                                       ("etcd:2379/v3", "host:port"), (" , ", "expected host:port")])
+@pytest.mark.parametrize("bad,match", [("", "expected host:port"), ("ftp://etcd:2379", "http:// or https://"),
+                                       ("etcd:port", "host:port"), ("etcd:2379/v3", "host:port"), (" , ", "expected host:port"),
+                                       ("etcd:0", "port from 1 to 65535"), ("etcd:70000", "port from 1 to 65535"),
+                                       ("etcd:", "port from 1 to 65535"),
+                                       ("a:1,https://b:2", "one scheme for all")])
 def test_parse_endpoints_refuses_in_one_line(bad, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as refused:
         parse_endpoints(bad)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("secret", ["http://root:s3cret@etcd1:0", "root:s3cret@etcd1:2379", "https://u:p@a:1,https://b:2",
+                                    "a:1,http://root:pa,ss@b:2"])
+def test_a_password_in_the_url_is_refused_and_never_shown(secret):
+    with pytest.raises(ValueError) as refused:
+        parse_endpoints(secret)
+    message = str(refused.value)
+    assert "s3cret" not in message and ":p@" not in message and "pa,ss" not in message
+    assert "--etcd-user" in message and "TRAINPOD_ETCD_PASSWORD_FILE" in message
 
 
 def test_probe_without_v2(etcd):
