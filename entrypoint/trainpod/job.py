@@ -132,9 +132,7 @@ def _hold_directories(spec: JobSpec, say, env: Mapping[str, str]) -> dirlock.Hol
     topology, target = spec.topology, spec.target
     key = dirlock.job_key(topology.rdzv.id, topology.rdzv.backend, topology.master_addr, topology.master_port, C10D_ID)
     try:
-        held = dirlock.hold([(target.output_dir, "output directory {path} (--output-dir, TRAINPOD_OUTPUT_DIR)"),
-                             (target.checkpoint_dir, "checkpoint directory {path} (--checkpoint-dir, TRAINPOD_CHECKPOINT_DIR)")],
-                            key, topology.node_label, spec.lock_timeout, say)
+        held = dirlock.hold(target.directories(), key, topology.node_label, spec.lock_timeout, say)
     except TrainpodError as error:
         if env.get(BUDGET_DIR):
             Budget(spec.max_restarts, spec.progress_window, env[BUDGET_DIR]).end(error.exit_code, "")

@@ -48,6 +48,15 @@ class Target:
                       needs=tuple(data.get("needs", ())), shm_mib=data.get("shm_mib"), output_dir=data.get("output_dir"),
                       checkpoint_dir=data.get("checkpoint_dir"))
 
+    def directories(self) -> list[tuple[str | None, str]]:
+        """(directory, what: its name, flag and variable, with {path}) of the output and checkpoint directories;
+        a command's come from the variables alone (it has no such flags)."""
+        def named(kind: str, flag: str, var: str) -> str:
+            return f"{kind} directory {{path}} ({flag + ', ' if self.module else ''}{var})"
+
+        return [(self.output_dir, named("output", "--output-dir", "TRAINPOD_OUTPUT_DIR")),
+                (self.checkpoint_dir, named("checkpoint", "--checkpoint-dir", "TRAINPOD_CHECKPOINT_DIR"))]
+
     def torchrun_args(self) -> list[str]:
         if self.module:
             return ["-m", self.module, *self.args]

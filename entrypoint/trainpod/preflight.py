@@ -307,9 +307,9 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
     if topology.rdzv.backend == "etcd":
         check_imports(("etcd",), "torch's etcd rendezvous (--rdzv-backend etcd; --rdzv-backend etcd-v3 needs no package)")
     if target is not None and target.output_dir:
-        check_writable(target.output_dir, "output directory {path} (--output-dir, TRAINPOD_OUTPUT_DIR)")
+        check_writable(target.output_dir, target.directories()[0][1])
     if target is not None and target.checkpoint_dir and topology.node_rank == 0:  # where rank 0 saves them
-        check_writable(target.checkpoint_dir, "checkpoint directory {path} (--checkpoint-dir, TRAINPOD_CHECKPOINT_DIR)")
+        check_writable(target.checkpoint_dir, target.directories()[1][1])
     master_ip = resolve_master(topology, connect_timeout)
     if topology.interface is None:
         name, why = network.interface_for(master_ip)

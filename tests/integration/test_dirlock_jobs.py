@@ -84,8 +84,8 @@ def test_a_second_job_on_a_directory_in_use_is_refused_and_the_next_one_takes_it
         assert time.monotonic() - began < 30
         errors = [line for line in text(tmp_path, "second").splitlines() if "error" in line]
         assert len(errors) == 1, text(tmp_path, "second")
-        assert re.fullmatch(rf"\[node0\] trainpod: error: the checkpoint directory {checkpoints} \(--checkpoint-dir, "
-                            r"TRAINPOD_CHECKPOINT_DIR\) is in use by job 'c10d@127\.0\.0\.1:\d+@.+' \(node 0 on .+, pid \d+\), "
+        assert re.fullmatch(rf"\[node0\] trainpod: error: the checkpoint directory {checkpoints} "
+                            r"\(TRAINPOD_CHECKPOINT_DIR\) is in use by job 'c10d@127\.0\.0\.1:\d+@.+' \(node 0 on .+, pid \d+\), "
                             r"which is running .*", errors[0]), errors[0]
         assert "step" not in text(tmp_path, "second")  # refused before any rank ran
         assert first.wait(timeout=120) == 0, text(tmp_path, "first")
