@@ -33,9 +33,10 @@ DESCRIPTION = """\
 Start distributed PyTorch training in a container on any cluster.
 
 trainpod reads the cluster's variables (OpenPAI's PAI_*, torchrun/Kubeflow's PET_* or
-MASTER_ADDR/NNODES/NODE_RANK, or nothing for a single node), works out this node's rank and
-the master's address and port, picks the network interface that reaches the master for gloo
-and NCCL, checks the setup before it can hang, and runs torchrun. Flags override variables.
+MASTER_ADDR/NNODES/NODE_RANK, SLURM's SLURM_*, an etcd rendezvous, or nothing for a single
+node), works out this node's rank and the master's address and port, picks the network
+interface that reaches the master for gloo and NCCL, checks the setup before it can hang, and
+runs torchrun under supervisord, restarting from checkpoints. Flags override variables.
 """
 
 EXIT_CODES = f"""\
@@ -48,6 +49,8 @@ exit codes:
   {EXIT_CONFIG}   configuration error: a variable is wrong or incomplete, or etcd lacks the API the backend needs
        or refuses this node's TLS, user or permissions
        (one line names it)
+  124  a rank hung: stopped by the hang watch (--hang-timeout) with no restart left
+  130  stopped by SIGINT (Ctrl-C)
   143  stopped by SIGTERM, on this node or on another node of the job (not restarted)
   other  the training's own exit code (128+N: its rank was killed by signal N)
 """

@@ -75,7 +75,7 @@ def join_host_port(host: str, port: int) -> str:
 
 @dataclass(frozen=True)
 class Topology:
-    source: str  # which cluster environment answered: "pai", "torchrun", "etcd", "single"
+    source: str  # which cluster environment answered: "pai", "torchrun", "slurm", "etcd", "single"
     nnodes: int  # the most nodes the job has (an elastic job's MAX)
     node_rank: int | None  # None: assigned by the rendezvous (etcd, an elastic job), not known before it
     nproc_per_node: int
