@@ -20,8 +20,8 @@ from trainpod.jobs.kubeflow import KubeflowJob
 from trainpod.jobs.openpai import OpenPAIJob
 from trainpod.jobs.slurm import SlurmJob
 from trainpod.jobs.ssh import SSHJob
-from trainpod.jobs.values import CONTROL_EXPECTED, DnsLabel, ImageReference, check_text, has_control, has_userinfo, redact
-from trainpod.rendezvous.etcd_http import parse_endpoints
+from trainpod.jobs.values import CONTROL_EXPECTED, DnsLabel, ImageReference, check_text, has_control
+from trainpod.rendezvous.etcd_http import has_userinfo, parse_endpoints, redact
 from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Host, Integer, Invalid, Setting, Switch
 
 REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob, SSHJob)}

@@ -24,8 +24,8 @@ from trainpod.errors import error_for, invalid
 from trainpod.settings import Invalid
 from trainpod.text import CONTROL_EXPECTED, has_control, printable
 
-__all__ = ["CONTROL_EXPECTED", "DnsLabel", "ImageReference", "Pattern", "SbatchWord", "check_text", "has_control", "has_userinfo",
-           "printable", "read_bytes", "read_text", "redact", "shell_line", "shell_word"]
+__all__ = ["CONTROL_EXPECTED", "DnsLabel", "ImageReference", "Pattern", "SbatchWord", "check_text", "has_control",
+           "printable", "read_bytes", "read_text", "shell_line", "shell_word"]
 
 
 def check_text(value: Any, origin: str, *, shown: str | None = None) -> None:
@@ -186,20 +186,3 @@ def read_text(path: str, origin: str, what: str) -> str:
         raise error(f"{origin}={path!r}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
                     f"expected {what} in UTF-8") from None
 
-
-# --- secrets ---------------------------------------------------------------------------------------
-
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def has_userinfo(endpoints: str) -> bool:
-    return "@" in endpoints
-
-
-def redact(endpoints: str) -> str:
-    """`endpoints` with any user:password@ taken out: 'http://root:s3cret@etcd1:2379' -> 'http://***@etcd1:2379'.
-    Everything from the first scheme to the last '@' goes (a password may hold ',' or '/')."""
-    if "@" not in endpoints:
-        return endpoints
-    scheme = _SCHEME.match(endpoints)
-    return (scheme.group(0) if scheme else "") + "***@" + endpoints.rpartition("@")[2]

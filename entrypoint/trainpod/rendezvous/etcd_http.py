@@ -42,6 +42,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 import urllib.error
@@ -53,7 +54,7 @@ from typing import Any, Optional, Union
 from trainpod.errors import ConfigError, UnreachableError
 
 __all__ = ["DEFAULT_PORT", "EtcdAccess", "EtcdAccessError", "EtcdClient", "EtcdInfo", "EtcdResponseError",
-           "EtcdUnreachableError", "named", "parse_endpoints", "probe"]
+           "EtcdUnreachableError", "has_userinfo", "named", "parse_endpoints", "probe", "redact"]
 
 DEFAULT_PORT = 2379
 PASSWORD_VAR = "TRAINPOD_ETCD_PASSWORD"
@@ -193,16 +194,33 @@ def _file_problem(exc: BaseException, expected: str) -> str:
     return str(exc)
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def has_userinfo(endpoints: str) -> bool:
+    """Whether endpoint text may hold a user and password (an '@'): then no message shows it as it is."""
+    return "@" in endpoints
+
+
 def named(origin: str, endpoint: str) -> str:
-    """`origin='endpoint'` for an error line, or just `origin` when the text may hold a password (an '@')."""
-    return origin if "@" in endpoint else f"{origin}={endpoint!r}"
+    """`origin='endpoint'` for an error line, or just `origin` when the text may hold a password."""
+    return origin if has_userinfo(endpoint) else f"{origin}={endpoint!r}"
+
+
+def redact(endpoints: str) -> str:
+    """`endpoints` with any user:password@ taken out: 'http://root:s3cret@etcd1:2379' -> 'http://***@etcd1:2379'.
+    Everything from the first scheme to the last '@' goes (a password may hold ',' or '/')."""
+    if not has_userinfo(endpoints):
+        return endpoints
+    scheme = _SCHEME.match(endpoints)
+    return (scheme.group(0) if scheme else "") + "***@" + endpoints.rpartition("@")[2]
 
 
 def parse_endpoints(endpoints: Union[str, Sequence[str]]) -> list[str]:
     """`[http://|https://]host:port[,...]` (or a list of them) as a list: `host:port` for http,
     `https://host:port` for https; ValueError, one line, if malformed (never showing a password)."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-    if any("@" in item for item in items):
+    if any(has_userinfo(item) for item in items):
         raise ValueError(USERINFO)
     parsed, schemes = [], set()
     for item in (i.strip() for i in items):
