@@ -7,7 +7,6 @@ one job per checkpoint directory. Each test runs past --lock-timeout (set low) s
 - a node of a 2-node job killed and started again joins its own job's directory, and the job ends 0.
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -17,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from fixtures.ports import free_port
-from fixtures.processes import kill_tree
+from fixtures.processes import host_env, kill_tree
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 LOCK = 2  # --lock-timeout
 
 SCRIPT = """
@@ -40,9 +38,7 @@ print("done", flush=True)
 
 
 def start(tmp: Path, name: str, checkpoints: Path, port: int, steps: int, nnodes: int = 1, node_rank: int = 0) -> subprocess.Popen:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "TORCHELASTIC_"))}
-    env = {**clean, "PYTHONPATH": ENTRYPOINT, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "TRAINPOD_CHECKPOINT_DIR": str(checkpoints)}
+    env = host_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRAINPOD_CHECKPOINT_DIR=str(checkpoints))
     if nnodes > 1:
         env.update(NNODES=str(nnodes), NODE_RANK=str(node_rank))
     script = tmp / "loop.py"

@@ -12,26 +12,16 @@ import sys
 import tempfile
 import textwrap
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
 from fixtures.docker_env import IMAGE, run
-from fixtures.ports import free_port
+from fixtures.processes import host_env as environment
+from fixtures.processes import trainpod_run as trainpod
 
 pytest.importorskip("torch")
 
-ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
-
-
-def environment(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "TORCHELASTIC_"))}
-    return {**env, "PYTHONPATH": ENTRYPOINT, **extra}
-
-
-def trainpod(*args):
-    return [sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()), "--restart-backoff", "0.1", *args]
 
 
 def trainpod_lines(output: str) -> list[str]:

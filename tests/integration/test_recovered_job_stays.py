@@ -19,13 +19,12 @@ from pathlib import Path
 import pytest
 
 from fixtures.ports import free_port
-from fixtures.processes import script_rank_pid
+from fixtures.processes import host_env, script_rank_pid
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 REJOIN = 4  # --rejoin-timeout: low, so that training runs well past it after each restart
 AFTER = 3 * REJOIN  # seconds of training after the restart that every test asks for, at least
 
@@ -44,9 +43,7 @@ print("done", flush=True)
 
 
 def node(tmp: Path, node_rank: int, port: int, *flags: str, steps: int) -> subprocess.Popen:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "TORCHELASTIC_"))}
-    env = {**clean, "PYTHONPATH": ENTRYPOINT, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "NNODES": "2", "NODE_RANK": str(node_rank)}
+    env = host_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NNODES="2", NODE_RANK=str(node_rank))
     script = tmp / "long.py"
     script.write_text(SCRIPT)
     command = [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "1", "--rejoin-timeout", str(REJOIN),

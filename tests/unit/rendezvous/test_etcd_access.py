@@ -8,14 +8,13 @@ agent's wrapper for its user). The wrong or missing ones: one line, 78, naming t
 
 from __future__ import annotations
 
-import threading
 import time
 import types
 import uuid
 
 import pytest
 
-from fixtures.etcd import EtcdProcess, enable_v2_auth, enable_v3_auth
+from fixtures.etcd import EtcdProcess, enable_v2_auth, enable_v3_auth, meet
 from fixtures.tls import make_pki
 from trainpod import preflight
 from trainpod.errors import ConfigError, TrainpodError
@@ -246,21 +245,6 @@ def test_torchs_etcd_backend_without_the_v2_user_is_78(etcd_v2_auth, passwords, 
 # --- rendezvous through the code a job runs ----------------------------------------------------------
 
 torch_needed = pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
-
-
-def meet(handlers) -> list:
-    infos = [None] * len(handlers)
-
-    def join(i):
-        infos[i] = handlers[i].next_rendezvous()
-
-    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(handlers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert all(info is not None for info in infos), "the rendezvous did not form within 60 s"
-    return infos
 
 
 @torch_needed

@@ -10,12 +10,12 @@ import base64
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
+from fixtures.etcd import meet
 from trainpod.rendezvous import ids
 from trainpod.rendezvous.etcd_http import EtcdClient
 from trainpod.resolve import Options, resolve_topology
@@ -73,16 +73,7 @@ def test_etcd_v3_keeps_each_job_in_keys_of_its_own(etcd):
     handlers = [etcd_v3.create_handler(RendezvousParameters("etcd-v3", etcd.endpoint, run_id, 1, 2, read_timeout=5,
                                                             local_addr="127.0.0.1", join_timeout=30, last_call_timeout=1))
                 for run_id in run_ids]  # fmt: skip
-    infos = [None] * len(handlers)
-
-    def join(i):
-        infos[i] = handlers[i].next_rendezvous()
-
-    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(handlers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    infos = meet(handlers)
     assert [info.world_size for info in infos] == [1] * len(JOBS)  # each alone: none met another
     states = {key for key in keys(client, etcd_v3.KEY_PREFIX) if key.endswith("/state") and tag in key}
     assert states == {f"{etcd_v3.KEY_PREFIX}{run_id}/state" for run_id in run_ids}
