@@ -110,7 +110,7 @@ VCS_REF := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 TRAINPOD_SRC := $(shell find entrypoint -type f -not -path '*/__pycache__/*' \
 	-not -path '*.egg-info/*' -not -path 'entrypoint/build/*')
 
-.PHONY: help setup base wheelhouse images images-cuda $(IMAGES) $(FLAVORS:%=source-%) dev lint test test-cuda demo \
+.PHONY: help setup base wheelhouse images images-cuda $(IMAGES) $(FLAVORS:%=source-%) dev lint docs test test-cuda demo \
 	bench soak clean clean-images job-protocols demo-slurm demo-elastic FORCE
 
 help: ## list the targets
@@ -270,16 +270,31 @@ build/dev.stamp: requirements-dev.txt entrypoint/pyproject.toml
 		-e ./entrypoint -r requirements-dev.txt torch==$(TORCH_VERSION)+cpu
 	@mkdir -p $(@D) && touch $@
 
-lint: ## ruff and hadolint
-	@$(PYTHON) -m ruff check entrypoint tests bench
+lint: docs ## ruff, hadolint, and the manual's strict build (make docs)
+	@$(PYTHON) -m ruff check entrypoint tests bench docs/hooks
 	@hadolint --config .hadolint.yaml images/Dockerfile* compose/*/Dockerfile
 
-test: setup images lint ## provision, build the images, lint, then the whole test suite (but the CUDA images')
-	$(PYTHON) -m pytest tests -m "not cuda_images"
+# The manual (mkdocs.yml, docs/): --strict fails on a broken link or anchor, and docs/hooks/reference.py on a
+# flag of the CLI that the settings reference leaves out. Nothing is fetched while it builds.
+docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict -d build/site
+
+# The test suite in layers (issue 25), each on several processes (pytest-xdist): the unit tests first, stopping at
+# the first failure (-x; worksteal evens out their long tail); then the integration tests. The tests that share a
+# module fixture, a compose cluster or a subnet run on one worker, one after another (pytest.mark.xdist_group,
+# --dist loadgroup). Measured on 2 cores (tests/README.md): 3 unit workers beat 2 (which leave the cores idle while
+# tests wait on timers and processes) and 4 (more overhead); 4 integration workers beat 2. PYTEST_ARGS: more of
+# pytest's flags, for both layers.
+UNIT_WORKERS ?= 3
+INTEGRATION_WORKERS ?= 4
+PYTEST_ARGS ?=
+test: setup images lint ## provision, build the images, lint, then the unit tests, then the integration tests (but the CUDA images')
+	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not cuda_images" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup -m "not cuda_images" $(PYTEST_ARGS)
 
 # The CUDA images without a GPU (tests/integration/test_cuda_images.py): built, then smoke-tested.
 # CI runs it after `make test`, with Apex's source from ../shared/vendor and only the Apex extensions
-# the examples use (.ci/run, README "The CUDA images" says why).
+# the examples use (.ci/run; docs/images.md, "In CI", says why).
 test-cuda: setup images-cuda ## provision, build the CUDA images, then their smoke tests (no GPU needed)
 	$(PYTHON) -m pytest tests -m cuda_images
 

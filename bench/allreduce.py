@@ -7,7 +7,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainpod import distributed
+from trainpod.train import distributed
 
 SIZES_MB = [int(s) for s in os.environ.get("BENCH_SIZES_MB", "16,64,256").split(",")]
 ITERATIONS = int(os.environ.get("BENCH_ITERATIONS", "5"))

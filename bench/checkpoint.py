@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from trainpod.checkpoint import Checkpointer
+from trainpod.train.checkpoint import Checkpointer
 
 REPEATS = 5
 

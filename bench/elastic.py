@@ -10,7 +10,7 @@ Recovery is the time from the kill to the survivor's first completed step at wor
 the other way: one node trains at world 1 (a run long enough to outlast it), a second one starts, and the
 time from its start to the first step at world 2. Per backend, both:
 
-- `trainpod run --rdzv-backend B` (trainpod's elastic rendezvous settings, trainpod.resolve.ELASTIC_CONF),
+- `trainpod run --rdzv-backend B` (trainpod's elastic rendezvous settings, trainpod.launcher.resolve.ELASTIC_CONF),
 - bare torchrun with the same rendezvous (`python -m trainpod.rendezvous.torchrun`, so etcd-v3 is known),
   with torch's defaults, and with the same --rdzv-conf as trainpod (what the settings alone do).
 
@@ -29,13 +29,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import results_page
+
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "entrypoint")]
 
 from fixtures.elastic_host import clean_env, scale_down, scale_up, torchrun_argv, trainpod_argv  # noqa: E402
 from fixtures.etcd import EtcdProcess  # noqa: E402
 from fixtures.ports import free_port  # noqa: E402
-from trainpod.resolve import ELASTIC_CONF, ETCD_V2_CONF  # noqa: E402
+from trainpod.launcher.resolve import ELASTIC_CONF, ETCD_V2_CONF  # noqa: E402
 
 TIMEOUT_S = 300
 
@@ -161,6 +163,7 @@ def main() -> int:
     figures = measure([b for b in args.backends.split(",") if b], args.rounds)
     print("bench-elastic: " + json.dumps(figures))
     print(report(figures))
+    results_page.record("elastic", report(figures))
     return 0
 
 

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import results_page
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "entrypoint"))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -148,6 +150,7 @@ def main() -> int:
         results.append(result)
         print("gpu-matrix: " + json.dumps(result), flush=True)
         (work / "gpu-matrix.json").write_text(json.dumps(results, indent=2) + "\n")
+    results_page.record("gpu-matrix", "\n".join("gpu-matrix: " + json.dumps(result) for result in results))
     return 0
 
 

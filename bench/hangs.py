@@ -3,15 +3,17 @@
 1. Time from the hang's start to the one-line report, `trainpod run --hang-timeout T` on this host
    (2 processes, no Docker), for each case: a rank asleep before init_process_group and a skipped
    collective (tests/integration/hangs/hang_job.py, which prints when its hang starts), and a SIGSTOP
-   of one rank of the CIFAR-10 example (timed from the signal). Goal: T + 5 s or better.
+   of one rank of the CIFAR-10 example (timed from the signal). Goal: T + 5 s or better. And the same SIGSTOP
+   under --hang-timeout 120 (sigstop-paced): the example reports its steps, so the job's pace bounds it
+   (trainpod.agent.hang.limit). Goal: 10 s or better.
 2. The progress signal's cost on steady samples/s, side by side in one run: a 2-rank DDP job (gloo,
    a small CNN on 32x32 images, batches of 64) under bare torchrun alternates blocks of 5 steps
-   with trainpod.progress.step() after every step and blocks without it; the median over adjacent
+   with trainpod.train.progress.step() after every step and blocks without it; the median over adjacent
    pairs of the ratio of their times (adjacent blocks see the same machine load, which on a shared
    host swings samples/s by tens of percent between runs). Also the cost of one progress.step()
    call against a step.
    Goal: within 1 %.
-3. The whole watch (the agent sampling /proc every 2 s, py-spy for idle ranks only): the agent's own
+3. The whole watch (the agent sampling /proc every second, py-spy for idle ranks only): the agent's own
    CPU seconds per second of the CIFAR-10 example under `trainpod run --hang-timeout 120` against
    `--hang-timeout 0`, and the samples/s of those runs (alternating, medians).
 
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 
 import psutil
+import results_page
 
 HERE = Path(__file__).resolve().parent
 ENTRYPOINT = HERE.parent / "entrypoint"
@@ -46,6 +49,7 @@ HANG_JOB = HERE.parent / "tests" / "integration" / "hangs" / "hang_job.py"
 TIMEOUT_S = 10
 MARK = re.compile(r"hang-job: rank \d+ hang starts.* at ([0-9.]+)")
 HANG_LINE = re.compile(r"\] trainpod: hang: ")
+PACED, PACED_TIMEOUT_S = "sigstop-paced", 120.0  # the SIGSTOP case at the default --hang-timeout: the pace bounds it
 # The overhead runs: enough steps that the warm-up and the launch drop out of samples/s.
 EXAMPLE = ["--epochs", "100", "--max-steps", "200", "--synthetic-samples", "8192", "--batch-size", "64", "--log-every", "50"]
 STOP_ARGS = ["--epochs", "100", "--synthetic-samples", "4096", "--batch-size", "32", "--log-every", "5"]
@@ -112,13 +116,15 @@ def trainpod_run(out: Path, timeout: float, *args: str) -> Run:
 
 def detect_once(case: str, timeout: float) -> float:
     out = Path(tempfile.mkdtemp(prefix=f"trainpod-bench-hang-{case}-"))
-    if case == "sigstop":
+    if case.startswith("sigstop"):
         run = trainpod_run(out, timeout, "--example", "cifar10-ddp", "--", *STOP_ARGS, "--output-dir", str(out / "m"))
         if run.wait_for(re.compile(r"step (1[5-9]|[2-9]\d)/"), 180) is None:
             sys.exit(f"bench-hangs: the example did not reach step 15:\n{run.finish()[1][-3000:]}")
         ranks = [p for p in psutil.Process(run.process.pid).children(recursive=True)
                  if "trainpod.examples.cifar10" in " ".join(p.cmdline()) and "trainpod.agent" not in " ".join(p.cmdline())]
         victim = max(ranks, key=lambda p: p.pid)
+        if case == PACED:
+            time.sleep(8)  # the watch sees every rank advance at several looks (once a second): the pace is known
         victim.send_signal(signal.SIGSTOP)
         started = time.time()
     else:
@@ -151,7 +157,7 @@ def watch_run(variant: str) -> tuple[float, float]:
 PAIRS_WORKER = """
 import os, sys, time, json, torch, torch.distributed as dist
 from torch import nn
-from trainpod import progress
+from trainpod.train import progress
 blocks, block = int(sys.argv[1]), int(sys.argv[2])
 torch.manual_seed(0)
 dist.init_process_group("gloo")
@@ -198,7 +204,7 @@ def paired_blocks(blocks: int = 160, block: int = 5) -> dict:
 def look_cost(looks: int = 200) -> dict:
     """CPU seconds of one look of the watch at 2 ranks: busy ones (/proc only) and idle ones (py-spy too)."""
     sys.path.insert(0, str(ENTRYPOINT))
-    from trainpod import hang, hangwatch
+    from trainpod.agent import hang, hangwatch
 
     result = {}
     for kind, code in (("busy", "while True: pass"), ("idle", "import time; time.sleep(600)")):
@@ -230,9 +236,9 @@ def look_cost(looks: int = 200) -> dict:
 
 
 def per_call_cost(calls: int = 200_000) -> float:
-    """Seconds per trainpod.progress.step() call, reporting into a temporary directory."""
+    """Seconds per trainpod.train.progress.step() call, reporting into a temporary directory."""
     code = (f"import os, time, tempfile; os.environ['TRAINPOD_PROGRESS_DIR'] = tempfile.mkdtemp()\n"
-            f"from trainpod import progress\nprogress.step(0)\nt = time.perf_counter()\n"
+            f"from trainpod.train import progress\nprogress.step(0)\nt = time.perf_counter()\n"
             f"for n in range({calls}): progress.step(n)\nprint((time.perf_counter() - t) / {calls})")
     done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True, text=True, check=True)
     return float(done.stdout)
@@ -240,8 +246,8 @@ def per_call_cost(calls: int = 200_000) -> float:
 
 def bench(rounds: int, timeout: float) -> dict:
     detection = {}
-    for case in ("sleep-before-init", "skip", "sigstop"):
-        detection[case] = [detect_once(case, timeout) for _ in range(rounds)]
+    for case in ("sleep-before-init", "skip", "sigstop", PACED):
+        detection[case] = [detect_once(case, PACED_TIMEOUT_S if case == PACED else timeout) for _ in range(rounds)]
         print(f"  {case}: reported after {', '.join(f'{s:.1f}' for s in detection[case])} s", file=sys.stderr, flush=True)
     pairs = paired_blocks()
     print(f"  paired blocks: median {statistics.median(pairs['on_s']):.4f} s with progress, "
@@ -270,6 +276,8 @@ def report(result: dict) -> str:
              f"goal <= {timeout + 5:g} s)",
              f"  {'case':22}{'median':>10}{'max':>10}  runs (s from the hang's start to the one-line report)"]
     for case, runs in result["detection_s"].items():
+        if case == PACED:
+            case = f"{PACED} (--hang-timeout {PACED_TIMEOUT_S:g}, goal <= 10 s)"
         lines.append(f"  {case:22}{statistics.median(runs):>9.1f}s{max(runs):>9.1f}s  {', '.join(f'{s:.1f}' for s in runs)}")
     pairs = result["pairs"]
     on, off = statistics.median(pairs["on_s"]), statistics.median(pairs["off_s"])
@@ -283,8 +291,8 @@ def report(result: dict) -> str:
     lines.append(f"  one progress.step() call: {result['step_call_s'] * 1e6:.2f} us, {share * 100:.4f} % of a "
                  f"{result['step_s'] * 1e3:.1f} ms step")
     look = result["look_s"]
-    lines.append(f"hang watch, one look at 2 ranks (every 2 s at --hang-timeout 120): {look['busy'] * 1e3:.2f} ms CPU "
-                 f"when they compute ({look['busy'] / 2 * 100:.3f} % of a core), {look['idle'] * 1e3:.0f} ms when they are "
+    lines.append(f"hang watch, one look at 2 ranks (every second at --hang-timeout 120): {look['busy'] * 1e3:.2f} ms CPU "
+                 f"when they compute ({look['busy'] * 100:.3f} % of a core), {look['idle'] * 1e3:.0f} ms when they are "
                  "idle and py-spy reads their stacks (at most every 24 s per idle rank)")
     watch = result["watch"]
     rate = {v: statistics.median(r[0] for r in runs) for v, runs in watch.items()}
@@ -304,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     result = bench(args.rounds, args.timeout)
     print(report(result))
     print("bench-hangs: " + json.dumps(result), flush=True)
+    results_page.record("hangs", report(result))
     return 0
 
 

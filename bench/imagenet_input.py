@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import results_page
 import torch
 from PIL import Image
 
@@ -86,6 +87,7 @@ def main() -> None:
             result[f"synthetic_{size}_generate_per_s"] = round(n / (time.perf_counter() - t), 1)
             result[f"synthetic_{size}_per_s"] = rate(lambda i, d=synthetic: d[(1, i)], n, args.seconds)
         print(json.dumps(result))
+        results_page.record("imagenet-input", json.dumps(result, indent=1))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

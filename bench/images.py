@@ -148,4 +148,8 @@ def report(names: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    print(report(sys.argv[1:]))
+    import results_page
+
+    text = report(sys.argv[1:])
+    print(text)
+    results_page.record("images", text)

@@ -2,7 +2,7 @@
 
 A trivial 2-process gloo job (bench/launch_job.py: import torch, init_process_group, barrier,
 destroy) runs under `trainpod run --nproc-per-node 2 --hang-timeout 0 -- python JOB`, the same with `--warm-start on`
-(the ranks forked from a server that imported torch during the rendezvous, trainpod.warm) and
+(the ranks forked from a server that imported torch during the rendezvous, trainpod.agent.warm) and
 under `torchrun --standalone --nproc-per-node 2 JOB`, alternating, both with torch's INFO logs on.
 Each line is timestamped as it arrives; the ranks print their own clock. Phases, in seconds from
 the launch:
@@ -36,6 +36,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import results_page
 
 JOB = Path(__file__).resolve().parent / "launch_job.py"
 ENTRYPOINT = str(Path(__file__).resolve().parents[1] / "entrypoint")
@@ -81,7 +83,7 @@ def host_sides(job: Path) -> dict[str, list[str]]:
     run = [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", "2", "--hang-timeout", "0"]
     return {
         "trainpod run": [*run, "--", sys.executable, str(job)],
-        # the ranks forked from a server that imports torch during the rendezvous (trainpod.warm)
+        # the ranks forked from a server that imports torch during the rendezvous (trainpod.agent.warm)
         "--warm-start on": [*run, "--warm-start", "on", "--", sys.executable, str(job)],
         "bare torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(job)],
     }
@@ -147,8 +149,10 @@ def main() -> int:
     for _ in range(args.rounds):
         for side, argv in sides.items():  # alternating: a drifting load hits both alike
             runs[side].append(run_once(argv, env))
-    print(table(runs, PHASES, f"launch phases (this host, 2 processes, gloo; seconds from the launch, median of {args.rounds} "
-                              "alternating runs)"))
+    text = table(runs, PHASES, f"launch phases (this host, 2 processes, gloo; seconds from the launch, median of {args.rounds} "
+                               "alternating runs)")
+    print(text)
+    results_page.record("launch", text)
     return 0
 
 

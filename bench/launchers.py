@@ -147,6 +147,9 @@ def report(results: dict) -> str:
 
 
 if __name__ == "__main__":
+    import results_page
+
     figures = measure()
     print("bench-launchers: " + json.dumps(figures))
     print(report(figures))
+    results_page.record("launchers", report(figures))

@@ -3,7 +3,7 @@
 The three variants run the same CIFAR-10 example job (2 processes, synthetic data, checkpoints) on
 this host, no Docker: `trainpod run` with its default supervision and restart backoff (the agent
 restarts the worker group), `trainpod run --recovery in-process` (the survivor keeps its process and
-re-forms the group with a replacement forked by the dead rank's keeper: trainpod.keeper), and bare
+re-forms the group with a replacement forked by the dead rank's keeper: trainpod.agent.keeper), and bare
 `torchrun --max-restarts 3`, which restarts its workers inside its own agent. Once a chosen
 checkpoint is on disk, one rank (a seeded choice, the same for both variants in a round) gets
 SIGKILL; recovery is the time from the kill to the first progress line of a step after the
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import psutil
+import results_page
 
 HERE = Path(__file__).resolve().parent
 ENTRYPOINT = HERE.parent / "entrypoint"
@@ -103,7 +104,7 @@ def environment() -> dict[str, str]:
 def kind_of(process: psutil.Process) -> str | None:
     """What a process of the job's tree is, by its command line (and a worker by its environment)."""
     try:
-        if process.name().startswith("rank"):  # a warm rank (trainpod.warm): the fork server's command line
+        if process.name().startswith("rank"):  # a warm rank (trainpod.agent.warm): the fork server's command line
             return f"worker rank {process.name()[4:]}"
         cmdline = " ".join(process.cmdline())
         if "trainpod.examples.cifar10" in cmdline and "torch.distributed.run" not in cmdline \
@@ -111,9 +112,10 @@ def kind_of(process: psutil.Process) -> str | None:
             return f"worker rank {process.environ().get('RANK')}"
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    for marker, kind in (("trainpod-keeper", "keeper"), ("trainpod.job", "agent"),  # the job becomes the agent
-                         ("trainpod.agent", "agent"), ("torch.distributed.run", "agent"), ("trainpod.supervisord", "supervisord"),
-                         ("trainpod.supervise", "policy"), ("-m trainpod run", "trainpod run")):
+    for marker, kind in (("trainpod-keeper", "keeper"), ("trainpod.supervisor.job", "agent"),  # the job becomes the agent
+                         ("trainpod.agent", "agent"), ("torch.distributed.run", "agent"),
+                         ("trainpod.supervisor.supervisord", "supervisord"),
+                         ("trainpod.supervisor.supervise", "policy"), ("-m trainpod run", "trainpod run")):
         if marker in cmdline:
             return kind
     return cmdline[:40] or None
@@ -410,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     print("bench-recovery: " + json.dumps(result), flush=True)
     # A failed recovery is a figure (reported above); no recovery at all, or different weights, is an error.
     ok = result["ratio"] is not None and result["checksums_identical"] and result["ranks_agree"]
+    if ok:
+        results_page.record("recovery", report(result))
     return 0 if ok else 1
 
 

@@ -7,7 +7,7 @@ torch's dynamic rendezvous before the second attempt's ranks start. Measured fro
 the first line of Python of the second attempt's first rank, and of its last one (both up again).
 What differs is the agent only, with identical arguments and environment:
 `python -m trainpod.agent` (its restart policy, and the rendezvous polled every 0.1 s rather than
-torch's second: trainpod.agent_policy._poll_rendezvous_faster) against `python -m torch.distributed.run`.
+torch's second: trainpod.agent.policy._poll_rendezvous_faster) against `python -m torch.distributed.run`.
 Variants alternate; medians are reported.
 
     python3 bench/restart_round.py [--rounds N]
@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import results_page
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[1] / "entrypoint")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -50,7 +52,7 @@ TIMEOUT_S = 120
 
 def run_once(variant: str, script: Path) -> dict[str, float]:
     port, fail_at = free_port(), time.time() + START_S
-    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "BENCH_FAIL_AT": f"{fail_at:.6f}", "TRAINPOD_NNODES": "2",
+    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, "BENCH_FAIL_AT": f"{fail_at:.6f}",
            "TRAINPOD_MAX_RESTARTS": "2"}
     agents = [
         subprocess.Popen([sys.executable, *AGENTS[variant], "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     result = bench(parser.parse_args(argv).rounds)
     print("bench-restart-round: " + json.dumps(result))
     print(report(result))
+    results_page.record("restart-round", report(result))
     return 0
 
 

@@ -26,6 +26,10 @@
    finishes, the launcher exits; and the same job on the two compose nodes (2 x 2 processes).
 11. The restart round (bench/restart_round.py, on this host): both ranks of a 2-node c10d job exit at once;
    from their exit to the next attempt's ranks running, trainpod's agent vs torch's, alternating.
+12. The consistency check (bench/consistency.py, on this host): the fingerprint, once per agent, and the exchange
+   after each rendezvous round on a real TCPStore, against one set and get per node.
+13. The network check (bench/netcheck.py, on this host): --netcheck's wall time after a rendezvous round at 2 and 3
+   nodes over loopback, beside a Python process's start with torch.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 import examples  # bench/ is on the path: python3 bench/run.py
 import launch
 import launchers
+import results_page
 from hangs import report as hangs_report
 from recovery import report as recovery_report
 from restart_round import bench as restart_round_bench
@@ -153,8 +158,12 @@ def bench_launch() -> str:
 
 
 def main() -> int:
-    print(images.report(), flush=True)
+    image_report = images.report()
+    print(image_report, flush=True)
     print("\n" + bench_launch(), flush=True)
+    # The consistency check's cost (bench/consistency.py records its own section).
+    subprocess.run([sys.executable, str(HERE / "consistency.py")], check=True)
+    subprocess.run([sys.executable, str(HERE / "netcheck.py")], check=True)  # records its own section too
     checkpoint = bench_checkpoint()
     recovery = bench_recovery()
     restart_round = restart_round_bench(5)
@@ -172,35 +181,45 @@ def main() -> int:
         subprocess.run([*COMPOSE, "down", "-t", "2"], capture_output=True)
 
     trainpod, bare = launcher["trainpod"], launcher["torchrun"]
-    print(f"\nlauncher overhead (one container, 2 processes, CIFAR-10 example, median of {ROUNDS} alternating runs)")
-    print(f"  {'':28}{'trainpod run':>14}{'bare torchrun':>15}{'ratio':>8}")
-    print(f"  {'steady-state samples/s':28}{trainpod['samples_per_sec']:>14.1f}{bare['samples_per_sec']:>15.1f}"
-          f"{trainpod['samples_per_sec'] / bare['samples_per_sec']:>8.3f}")
-    print(f"  {'launch to first step (s)':28}{trainpod['to_first_step_s']:>14.2f}{bare['to_first_step_s']:>15.2f}"
-          f"{trainpod['to_first_step_s'] / bare['to_first_step_s']:>8.3f}")
-    print(f"  extra time to the first step: {trainpod['to_first_step_s'] - bare['to_first_step_s']:+.2f} s")
-    print("\n" + launch_2node)
+    overhead = "\n".join([
+        f"launcher overhead (one container, 2 processes, CIFAR-10 example, median of {ROUNDS} alternating runs)",
+        f"  {'':28}{'trainpod run':>14}{'bare torchrun':>15}{'ratio':>8}",
+        f"  {'steady-state samples/s':28}{trainpod['samples_per_sec']:>14.1f}{bare['samples_per_sec']:>15.1f}"
+        f"{trainpod['samples_per_sec'] / bare['samples_per_sec']:>8.3f}",
+        f"  {'launch to first step (s)':28}{trainpod['to_first_step_s']:>14.2f}{bare['to_first_step_s']:>15.2f}"
+        f"{trainpod['to_first_step_s'] / bare['to_first_step_s']:>8.3f}",
+        f"  extra time to the first step: {trainpod['to_first_step_s'] - bare['to_first_step_s']:+.2f} s"])
 
     tcp_rate = statistics.median(tcp)
-    print(f"\nbandwidth between the two compose nodes (raw TCP: median of {len(tcp)} streams of {TCP_MB} MiB)")
-    print(f"  {'size':>10}{'all_reduce busbw':>20}{'raw TCP':>14}{'ratio':>8}")
+    bandwidth = [f"bandwidth between the two compose nodes (raw TCP: median of {len(tcp)} streams of {TCP_MB} MiB)",
+                 f"  {'size':>10}{'all_reduce busbw':>20}{'raw TCP':>14}{'ratio':>8}"]
     for result in allreduce["results"]:
         busbw = result["busbw_bytes_per_s"]
-        print(f"  {result['size_mb']:>7} MiB{busbw / 1e9:>16.2f} GB/s{tcp_rate / 1e9:>9.2f} GB/s{busbw / tcp_rate:>8.3f}")
+        bandwidth.append(f"  {result['size_mb']:>7} MiB{busbw / 1e9:>16.2f} GB/s{tcp_rate / 1e9:>9.2f} GB/s{busbw / tcp_rate:>8.3f}")
 
     c = checkpoint
-    print(f"\ncheckpoints of a {c['state_bytes'] / 2**20:.0f} MiB state on this host (median of 5 interleaved runs)")
-    print(f"  save()+wait() {c['save_s'] * 1e3:.0f} ms vs serialise+write+fsync raw {c['raw_s'] * 1e3:.0f} ms: "
-          f"ratio {c['save_s'] / c['raw_s']:.2f} (goal <= 1.2)")
-    print(f"  stall inside save() {c['stall_s'] * 1e3:.1f} ms vs synchronous torch.save+fsync {c['sync_s'] * 1e3:.0f} ms: "
-          f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)")
+    checkpoints = "\n".join([
+        f"checkpoints of a {c['state_bytes'] / 2**20:.0f} MiB state on this host (median of 5 interleaved runs)",
+        f"  save()+wait() {c['save_s'] * 1e3:.0f} ms vs serialise+write+fsync raw {c['raw_s'] * 1e3:.0f} ms: "
+        f"ratio {c['save_s'] / c['raw_s']:.2f} (goal <= 1.2)",
+        f"  stall inside save() {c['stall_s'] * 1e3:.1f} ms vs synchronous torch.save+fsync {c['sync_s'] * 1e3:.0f} ms: "
+        f"ratio {c['stall_s'] / c['sync_s']:.3f} (goal <= 0.1)"])
 
-    print("\n" + recovery_report(recovery))
-    print("\n" + restart_round_report(restart_round))
-    print("\n" + elastic)
-    print("\n" + examples.report(example_figures))
-    print("\n" + launchers.report(launchers.measure()))
-    print("\n" + hangs_report(hangs))
+    round_text, examples_text = restart_round_report(restart_round), examples.report(example_figures)
+    launchers_text = launchers.report(launchers.measure())
+    for text in (overhead, launch_2node, "\n".join(bandwidth), checkpoints, recovery_report(recovery), round_text, elastic,
+                 examples_text, launchers_text, hangs_report(hangs)):
+        print("\n" + text)
+    # recovery.py, elastic.py, hangs.py and launch.py ran as commands of their own and wrote their sections of
+    # docs/results.md; the rest ran here, and this run writes theirs.
+    results_page.record("images", image_report)
+    results_page.record("launcher-overhead", overhead)
+    results_page.record("launch-compose", launch_2node)
+    results_page.record("bandwidth", "\n".join(bandwidth))
+    results_page.record("checkpoints", checkpoints)
+    results_page.record("restart-round", round_text)
+    results_page.record("examples", examples_text)
+    results_page.record("launchers", launchers_text)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Soak test (issue 29, `make soak`): the 2-node compose job trains for a long time while a fault schedule hits it.
 
 A recovery that works once can leave a timer behind that fires later: after a worker-group restart, the agent once
-stopped its job-control thread (trainpod.control), so exactly --rejoin-timeout after each restart the other node
+stopped its job-control thread (trainpod.agent.control), so exactly --rejoin-timeout after each restart the other node
 declared the master lost and the job died with 69. The fault tests stop looking when the job is back. Here the
 timers are set low (--rejoin-timeout 5, --hang-timeout 10) and after every fault the job must train on for SETTLE_S,
 twice the longest of them, with nothing happening that no fault caused: no restart, resume, hang verdict or error
@@ -14,7 +14,7 @@ STEP_S: a loaded machine takes longer). The first fault of every run is a checkp
 FAILPOINT_EVERY_MIN minutes of steps), then in turn (CYCLE): SIGKILL of a rank on node0, SIGKILL of a rank on node1,
 SIGSTOP of a rank for STOP_S (< --hang-timeout: it must cost nothing) then SIGCONT, and node1's container killed and
 started again (a node lost and back). Not in the schedule, by design: `docker stop` of one node (SIGTERM ends the whole
-job with 143, trainpod.control's stop key) and the loss of node0 (it hosts the rendezvous store: away for longer than
+job with 143, trainpod.agent.control's stop key) and the loss of node0 (it hosts the rendezvous store: away for longer than
 --rejoin-timeout, the job ends with 69, and its container takes 10 s or more to start here).
 
 The configurations (CONFIGS): --recovery restart with --warm-start on and off, and --recovery in-process, which needs a
@@ -54,6 +54,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import results_page
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
@@ -64,7 +66,7 @@ FAULTS_OVERLAY = REPO / "tests" / "integration" / "compose" / "pai-2node-faults.
 NODES = ("node0", "node1")
 RANKS = {"node0": (0, 1), "node1": (2, 3)}  # the rendezvous orders the nodes by address: node0 has ranks 0 and 1
 
-# The timers, low, and how long the job trains after each fault: twice the longest of them (trainpod.inprocess's
+# The timers, low, and how long the job trains after each fault: twice the longest of them (trainpod.train.inprocess's
 # 10 s watch of a rank stuck after its group was given up is the other one).
 REJOIN_S = 5
 HANG_S = 10
@@ -535,7 +537,10 @@ def main() -> int:
         return 1
     if len(results) > 1:
         print("\nsoak, every configuration:\n" + "\n".join(result.line() for result in results))
-    return 0 if all(result.ok for result in results) else 1
+    ok = all(result.ok for result in results)
+    if ok:
+        results_page.record("soak", "\n".join(result.line() for result in results))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@
 Each file is one node's `docker logs -t` (every line starts with its RFC 3339 time). Rank 0 of
 each world says `<example>: world N, backend ...` when it starts, `... resumed from the checkpoint
 of step S` when it goes on from one, then `epoch e/E step s/T ...` at its log points: one segment
-per start, on whichever node holds rank 0 then. Used by demo-elastic.sh (and its tests import
-segments()); exits 1 when no world started at all.
+per start, on whichever node holds rank 0 then. A node that left the job on its own decision (a check named
+it, or its ranks failed alike twice: its agent's `... leaves the elastic job ...` line) is a row of its own,
+with how soon the others trained again. Used by demo-elastic.sh (and its tests import segments() and
+departures()); exits 1 when no world started at all.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ _RESUMED = re.compile(r"resum\w* from (?:the checkpoint of )?step (\d+)")
 _STEP = re.compile(r"\bepoch \d+/\d+ step (\d+)/(\d+)\b")
 _FINISHED = re.compile(r"\btrainpod-metrics: ")
 _STOPPED = re.compile(r"stopped by SIGTERM at step (\d+)")
+_LEFT = re.compile(r"trainpod: error: (.*?): (?:this node leaves the elastic job \((--\w+)\)"
+                   r"|this node's ranks failed (the same way twice|on their own))")
+_STAYED_OUT = re.compile(r"trainpod: error: this node left this elastic job \(rendezvous \S+\) and stays out of it")
 
 
 @dataclass
@@ -77,6 +82,22 @@ def segments(logs: dict[str, str]) -> list[Segment]:
     return sorted(found, key=lambda s: s.started)
 
 
+def departures(logs: dict[str, str]) -> list[tuple[str, float]]:
+    """(what, unix time) of each node that left the job on its own decision: excluded by a check or by its failures;
+    and of each that was started again and stayed out (trainpod.rendezvous.exclusions)."""
+    found = []
+    for node, text in logs.items():
+        for line in text.splitlines():
+            at, left = unix_time(line), _LEFT.search(line)
+            if at is not None and _STAYED_OUT.search(line):
+                found.append((f"{node} was started again and stayed out (excluded)", at))
+            elif at is not None and left:
+                why = (f"named by {left.group(2)}" if left.group(2) else "its ranks failed the same way twice"
+                       if left.group(3) == "the same way twice" else "its ranks kept failing: --max-restarts spent")
+                found.append((f"{node} left the job ({why})", at))
+    return sorted(found, key=lambda event: event[1])
+
+
 def render(found: list[Segment], events: list[tuple[str, float]] = ()) -> str:
     t0 = min([s.started for s in found] + [t for _, t in events])
     rows = [(s.started, _row(s, t0)) for s in found] + [(t, f"  {t - t0:+7.1f} s  {text}") for text, t in events]
@@ -107,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         node, _, path = item.partition("=")
         with open(path, encoding="utf-8", errors="replace") as f:
             logs[node] = f.read()
-    events = [(text, float(at)) for text, _, at in (e.rpartition("@") for e in args.event)]
+    events = [(text, float(at)) for text, _, at in (e.rpartition("@") for e in args.event)] + departures(logs)
     found = segments(logs)
     if not found:
         print("timeline: no rank 0 ever said `world N` in these logs", file=sys.stderr)

@@ -15,3 +15,15 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI") == "true":
     settings.load_profile("ci")
+
+
+def pytest_collection_finish(session):
+    """One intra-op thread for torch in this process, once the test modules imported it: make test runs a process per
+    core or more (pytest-xdist), and torch's default of a thread per core in each oversubscribed the machine, where
+    OpenMP's idle threads spin: the in-process torch tests took a third more CPU with it and were no faster, even run
+    alone (issue 25). The jobs that tests start set their ranks' own (OMP_NUM_THREADS, or trainpod's launch plan)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)

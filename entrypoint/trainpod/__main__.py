@@ -1,3 +1,4 @@
-from trainpod.cli import main
+from trainpod.launcher.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when multiprocessing re-runs it as __mp_main__
+    raise SystemExit(main())

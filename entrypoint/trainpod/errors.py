@@ -1,4 +1,4 @@
-"""The exit codes and the one-line error type.
+"""The one-line error type (the exit codes are named in trainpod.contract).
 
 Every failure a user can cause ends here: one line on stderr that names the flag, variable or
 file and what was expected, and an exit code from the BSD sysexits family, so that schedulers
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import errno
 
-EXIT_OK = 0
-EXIT_USAGE = 64  # EX_USAGE: bad or conflicting command-line flags
-EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the master could not be reached within the preflight timeout
-EXIT_CANTCREAT = 73  # EX_CANTCREAT: a checkpoint cannot be written (no space, no permission): every retry fails alike
-EXIT_CONFIG = 78  # EX_CONFIG: the environment (cluster variables) is wrong or incomplete
+from trainpod.contract import EXIT_CANTCREAT, EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE  # noqa: F401 (the codes' home)
 
 # errno values that say a write failed for lack of space (73 where a write must succeed to go on)
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})

@@ -10,8 +10,11 @@ variable is set.
 
 Points: `checkpoint-write@STEP`: the temporary file of step STEP's checkpoint holds its bytes,
 not yet fsynced, renamed or listed in a manifest. `replacement@GENERATION`: the rank that a keeper
-forks for an in-process recovery's generation GENERATION (trainpod.keeper) exits 1 at once, as a
+forks for an in-process recovery's generation GENERATION (trainpod.agent.keeper) exits 1 at once, as a
 replacement that cannot start would: not a SIGKILL, and no marker (a keeper forks it once).
+`crash@STEP`: a bundled example's rank raises at the end of step STEP every time it gets there (no
+marker): a node whose ranks always fail the same way, set on that node alone (trainpod.agent.policy
+leaves such a node out of an elastic job).
 """
 
 from __future__ import annotations
@@ -21,20 +24,20 @@ import signal
 import sys
 from pathlib import Path
 
+from trainpod.contract import FAILPOINTS_VAR
 from trainpod.errors import ConfigError
 
-VARIABLE = "TRAINPOD_FAILPOINTS"
-POINTS = ("checkpoint-write", "replacement")
+POINTS = ("checkpoint-write", "replacement", "crash")
 
 
 def armed(environ=os.environ) -> dict[str, set[int]]:
     """Point -> the steps it fires at; a malformed variable is a one-line ConfigError."""
-    spec = environ.get(VARIABLE, "").strip()
+    spec = environ.get(FAILPOINTS_VAR, "").strip()
     points: dict[str, set[int]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, step = item.partition("@")
         if name not in POINTS or not step.isdigit():
-            raise ConfigError(f"{VARIABLE}={spec!r}: expected POINT@STEP[,POINT@STEP...] with POINT one of {', '.join(POINTS)}")
+            raise ConfigError(f"{FAILPOINTS_VAR}={spec!r}: expected POINT@STEP[,POINT@STEP...] with POINT one of {', '.join(POINTS)}")
         points.setdefault(name, set()).add(int(step))
     return points
 
@@ -54,8 +57,18 @@ def hit(point: str, step: int, marker_dir: Path) -> None:
 
 
 def replacement_fails(generation: int) -> bool:
-    """Whether `replacement@GENERATION` is armed for this generation (trainpod.keeper then exits the rank with 1)."""
+    """Whether `replacement@GENERATION` is armed for this generation (trainpod.agent.keeper then exits the rank with 1)."""
     if generation not in armed().get("replacement", ()):
         return False
     print(f"trainpod: failpoint replacement@{generation}: the replacement exits 1", file=sys.stderr, flush=True)
     return True
+
+
+class Crash(RuntimeError):
+    """What `crash@STEP` raises: the rank's traceback ends here, the same every time."""
+
+
+def crash(step: int) -> None:
+    """Raise Crash if `crash@STEP` is armed at `step` (every time: no marker)."""
+    if step in armed().get("crash", ()):
+        raise Crash(f"failpoint crash@{step}")

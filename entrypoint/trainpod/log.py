@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Callable
 
-NODE_RANK_VAR = "TRAINPOD_NODE_RANK"  # set for the agent and the ranks by the launch plan
+from trainpod.contract import NODE_RANK_VAR
 
 Log = Callable[[str], None]
 
@@ -42,7 +42,7 @@ def writer(node_rank: int | str | None = None) -> Log:
     head = prefix(node_rank)
 
     def log(message: str) -> None:
-        # One write: print() writes the message and its newline apart, and a rank's line (trainpod.ranklog,
+        # One write: print() writes the message and its newline apart, and a rank's line (trainpod.agent.ranklog,
         # on another thread of the agent) could land between the two.
         sys.stderr.write(f"{head}: {message}\n")
         sys.stderr.flush()
@@ -88,4 +88,4 @@ class Aside(logging.Filter):
         return False
 
 
-ASIDE = Aside()  # the agent's (trainpod.agent installs it, trainpod.agent_policy sets its path)
+ASIDE = Aside()  # the agent's (trainpod.agent installs it, trainpod.agent.policy sets its path)

@@ -421,7 +421,7 @@ RDZV_ENDPOINT = Setting(
 RDZV_ID = Setting(
     "rdzv_id", "the job's rendezvous id, the same on every node (default: from the job's identity: OpenPAI's job "
     "and attempt, SLURM's job and step, else a digest of the job); with etcd, each run of the job gets a fresh "
-    "generation of it; kept exactly: characters other than letters, digits, '.', '_' and '-' are escaped as ~XX "
+    "generation of it; kept exactly: characters other than letters, digits, '.', '_', '-' and '~' are escaped as @XX "
     "(team/a -> team@2Fa), control characters refused", RendezvousId(), var="TRAINPOD_RDZV_ID", metavar="ID")
 RDZV_CONF = Setting(
     "rdzv_conf", "torchrun's --rdzv-conf KEY=VALUE,... over trainpod's (an elastic job's: keep_alive_interval=1, "
@@ -479,35 +479,58 @@ NO_SUPERVISE = Setting(
 LOCK_TIMEOUT = Setting(
     "lock_timeout", "one job per checkpoint and output directory: a job holds them with a lock file whose heartbeat "
     "it writes every third of this; another job is refused (78) while the heartbeat moves, and takes over a "
-    "directory whose heartbeat stopped this long (trainpod.dirlock); 0 turns the lock off", Number(minimum=0),
+    "directory whose heartbeat stopped this long (trainpod.supervisor.dirlock); 0 turns the lock off", Number(minimum=0),
     var="TRAINPOD_LOCK_TIMEOUT", default=30.0)
 SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE, NO_SUPERVISE, LOCK_TIMEOUT)
 
 HANG_TIMEOUT = Setting(
     "hang_timeout", "seconds a rank may wait in a collective for a rank that is stopped, idle or gone before the "
     "agent writes every rank's stack to TRAINPOD_OUTPUT_DIR/hangs, names the ranks behind and restarts the worker "
-    "group as a failure (124 when no restart is left); 0 turns the watch off", Number(minimum=0),
+    "group as a failure (124 when no restart is left); where every rank reports its steps, the job's pace bounds it "
+    "sooner: max(8 s, 5 x the slowest rank's median step); 0 turns the watch off", Number(minimum=0),
     var="TRAINPOD_HANG_TIMEOUT", default=120.0)
 HANGS = (HANG_TIMEOUT,)
 
 WARM_START = Setting(
     "warm_start", "fork every rank, at the start and at each restart, from one process per node that imported torch "
     "(and the example) once: auto for the bundled examples, on also for a `python SCRIPT` or `python -m MODULE` "
-    "command run by this Python, off for neither (trainpod.warm)", Choice(("auto", "on", "off")),
+    "command run by this Python, off for neither (trainpod.agent.warm)", Choice(("auto", "on", "off")),
     var="TRAINPOD_WARM_START", default="auto")
 
 IN_PROCESS = "in-process"
 RECOVERY = Setting(
     "recovery", "what a rank killed by a signal costs: restart (the agent restarts the whole worker group from the "
     "checkpoint) or in-process (the other ranks keep their processes and re-form the group with a replacement forked "
-    "at once, restoring the checkpoint from memory; needs a warm start and a script that uses trainpod.inprocess, as "
-    "the bundled examples do; trainpod.keeper)", Choice(("restart", IN_PROCESS)), var="TRAINPOD_RECOVERY",
+    "at once, restoring the checkpoint from memory; needs a warm start and a script that uses trainpod.train.inprocess, as "
+    "the bundled examples do; trainpod.agent.keeper)", Choice(("restart", IN_PROCESS)), var="TRAINPOD_RECOVERY",
     default="restart")
 
-# Read by the ranks (trainpod.checkpoint); the launch plan sets it for them. Off, a checkpoint that
+CONSISTENCY = Setting(
+    "consistency", "what a node whose software differs from the others' costs, checked at each rendezvous before any "
+    "rank runs (trainpod, Python, torch, CUDA, NCCL, the driver, the installed packages, the script and the local files "
+    "it imports: trainpod.agent.consistency): refuse ends the job on every node with one line naming the node, the "
+    "field and both values (78); warn prints that line and trains; off compares nothing", Choice(("refuse", "warn", "off")),
+    var="TRAINPOD_CONSISTENCY", default="refuse")
+NETCHECK = Setting(
+    "netcheck", "measure the network at each rendezvous before any rank runs: each link of a ring over the nodes "
+    "(round trip, bandwidth) and a gloo all-reduce over the chosen interface, a few seconds (trainpod.agent.netcheck); "
+    "one line per job, and a node named below --min-bandwidth: a fixed-size job ends (69), an elastic job goes on without "
+    "it", Choice(("off", "on")), var="TRAINPOD_NETCHECK", default="off")
+MIN_BANDWIDTH = Setting(
+    "min_bandwidth", "Gbit/s every link must carry in the network check; a bound above 0 turns the check on (--netcheck), 0 names "
+    "no node for its speed",
+    Number(minimum=0), var="TRAINPOD_MIN_BANDWIDTH", default=0.0)
+DEVCHECK = Setting(
+    "devcheck", "check each local GPU at each rendezvous before any rank runs: a short GEMM and memory copies against "
+    "the job's GPUs of the same model, and NVML's ECC, page retirement and Xid errors (trainpod.agent.devcheck); one line "
+    "per job, and a node named: a fixed-size job ends (69), an elastic job goes on without it. A host without CUDA "
+    "checks nothing and says so", Choice(("off", "on")), var="TRAINPOD_DEVCHECK", default="off")
+NODE_CHECKS = (CONSISTENCY, NETCHECK, MIN_BANDWIDTH, DEVCHECK)  # at each rendezvous, before any rank runs (trainpod.agent.policy)
+
+# Read by the ranks (trainpod.train.checkpoint); the launch plan sets it for them. Off, a checkpoint that
 # holds more than tensors and plain values is refused (78): its pickle could run any code on load.
 TRUST_CHECKPOINTS = Setting(
     "trust_checkpoints", "load checkpoints that hold objects beyond tensors and plain values with the full "
     "unpickler: loading one then runs whatever code it carries, so only for a checkpoint directory that nobody but "
-    "your own jobs can write (default: such a checkpoint is refused with 78; trainpod.checkpoint)", Boolean(),
+    "your own jobs can write (default: such a checkpoint is refused with 78; trainpod.train.checkpoint)", Boolean(),
     var="TRAINPOD_TRUST_CHECKPOINTS", default=False)

@@ -20,7 +20,7 @@ ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 # What a user's script does with the Checkpointer: resume, and exit with the error's code.
 SCRIPT = """\
 import sys
-from trainpod.checkpoint import Checkpointer, CheckpointError
+from trainpod.train.checkpoint import Checkpointer, CheckpointError
 try:
     step, state = Checkpointer(sys.argv[1]).load_latest()
 except CheckpointError as error:
@@ -48,7 +48,7 @@ def test_a_crafted_checkpoint_ends_the_job_with_78_and_runs_nothing(tmp_path):
     assert not marker.exists(), log
     assert result.returncode == 78, log
     refusals = [line for line in log.splitlines() if f"train.py: error: {path}: not loaded: it holds posix.system" in line]
-    # Each rank refuses it in one line; trainpod.ranklog shows a script's last error line once for all ranks.
+    # Each rank refuses it in one line; trainpod.agent.ranklog shows a script's last error line once for all ranks.
     assert len(refusals) >= 1 and "exited with 78 (a configuration error): not restarting" in log, log
     assert "Traceback" not in log and "restart 1 of" not in log, log
 

@@ -14,6 +14,10 @@ pytest.importorskip("torch")
 from fixtures.ports import free_port
 from trainpod.examples.reporting import summary  # noqa: E402
 
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): every test reads the runs of the module
+# fixture `runs`, made once.
+pytestmark = [pytest.mark.xdist_group("cifar10_torchrun")]
+
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "entrypoint"
 TIMEOUT_S = 180

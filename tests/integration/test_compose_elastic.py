@@ -1,4 +1,4 @@
-"""Elastic jobs in containers: compose/elastic (3 etcd members, trainer nodes with --nnodes 2:4), on the real engine.
+"""Elastic jobs in containers: compose/elastic (3 etcd members, trainer nodes with --nnodes 2:3, a 20 s last call), on the real engine.
 
 One etcd cluster (without v2) serves the module; each job is a fresh set of trainer containers in
 its project with a rendezvous id of its own. Every trainer runs cifar10-ddp, one process per node,
@@ -28,211 +28,48 @@ Each test prints its figures (a node's kill to the survivors' first step at the 
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
 import re
-import subprocess
-import sys
 import time
-import uuid
 
 import pytest
 
-from fixtures.docker_env import REPO, ComposeJob, run
-from fixtures.elastic_host import Node
+from fixtures.compose_elastic import (
+    ELASTIC,
+    ELASTIC_ARGS,
+    ELASTIC_LONGER_ARGS,
+    ETCD,
+    LONGER_ARGS,
+    STEP,
+    TIMEOUT_S,
+    TRAINERS,
+    TRAINPOD_LINE,
+    check_exactly_once,
+    check_scaled_down,
+    etcd_cluster,
+    job_factory_for,
+    scale_down,
+    wait_step,
+    world_line,
+)
+from fixtures.docker_env import ComposeJob, run
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its etcd clusters are module fixtures, on
+# subnets of their own (PREFIX, PREFIX_V2), that every test of it shares.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_elastic")]
 
-COMPOSE = REPO / "compose" / "elastic" / "compose.yaml"
 PREFIX = "10.151.62"  # the module's etcd cluster and its jobs
 PREFIX_V2 = "10.151.63"  # the etcd cluster with v2, for torch's `etcd` backend
-TRAINERS = ("trainer0", "trainer1", "trainer2")
-ETCD = ("etcd0", "etcd1", "etcd2")
-EXAMPLE = "cifar10-ddp"  # the tests' own choice, whatever compose/elastic and the demo default to
-# About 10 s of training at world 3 on 2 cores: time enough to lose a node mid-epoch.
-EXAMPLE_ARGS = "--epochs 3 --synthetic-samples 8192 --log-every 1 --checkpoint-every 4"
-LONGER_ARGS = "--epochs 4 --synthetic-samples 16384 --log-every 1 --checkpoint-every 8"  # about 30 s at world 3
-# imagenet-elastic, small: about 0.8 s a step at world 3 on 2 cores. ELASTIC_ARGS: 2 epochs of 10 steps at
-# world 3, lost mid-epoch; ELASTIC_LONGER_ARGS: one epoch of 64 steps, outlasting a 4th node's join.
-ELASTIC = "imagenet-elastic"
-SMALL_IMAGENET = "--image-size 16 --synthetic-classes 4 --batch-size 16 --workers 0 --log-every 1 --checkpoint-every 4"
-ELASTIC_ARGS = f"{SMALL_IMAGENET} --synthetic-samples 480 --epochs 2"
-ELASTIC_LONGER_ARGS = f"{SMALL_IMAGENET} --synthetic-samples 3072 --epochs 1"
-TIMEOUT_S = 300
-
-
-def _timeline():
-    spec = importlib.util.spec_from_file_location("compose_timeline", REPO / "compose" / "timeline.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-timeline = _timeline()
-
-
-STEP = r"\[node\S* rank0\] epoch \d+/\d+ step (\d+)/\d+ "  # rank 0's progress line
-TRAINPOD_LINE = re.compile(r"^(?:\[node[^\] ]*\] )?trainpod: ")  # trainpod's own lines, not a rank's
-
-
-def world_line(world: int) -> str:
-    return rf"\[node\S* rank0\] \S+: world {world}, backend "
-
-
-def wait_step(node: Node, step: int, after: float = 0.0, timeout: float = TIMEOUT_S) -> float:
-    """When rank 0's progress line at `step` or later arrived on `node` (at or after `after`)."""
-    deadline, seen, pattern = time.monotonic() + timeout, 0, re.compile(STEP)
-    while True:
-        lines = list(node.lines)
-        for t, line in lines[seen:]:
-            if t >= after and (found := pattern.search(line)) and int(found.group(1)) >= step:
-                return t
-        seen = len(lines)
-        assert time.monotonic() < deadline, f"{node.name}: rank 0 not at step {step} within {timeout} s:\n{node.text()[-3000:]}"
-        assert node.proc.poll() is None, f"{node.name} ended before rank 0's step {step}:\n{node.text()[-3000:]}"
-        time.sleep(0.2)
-
-
-class Job:
-    """One elastic job in `cluster`'s compose project: its trainers (re)created with a rendezvous id of its
-    own, their logs followed as they come (fixtures.elastic_host.Node on `docker logs -f`)."""
-
-    def __init__(self, cluster: ComposeJob, name: str, tmp_path, **env: str):
-        self.id = f"{name}-{uuid.uuid4().hex[:6]}"
-        self.compose = ComposeJob(cluster.file, project=cluster.project, env={
-            **cluster.env, "TRAINPOD_RDZV_ID": self.id, "TRAINPOD_EXAMPLE": EXAMPLE, "TRAINPOD_EXAMPLE_ARGS": EXAMPLE_ARGS,
-            **env})  # fmt: skip
-        self.tmp_path = tmp_path
-        self.containers: dict[str, str] = {}
-        self.follow: dict[str, Node] = {}
-
-    def up(self, *services: str) -> float:
-        started = time.monotonic()
-        self.compose.compose("up", "-d", "--no-build", "--no-deps", "--force-recreate", *services)
-        for service in services:
-            self._follow(service, self.compose.compose("ps", "-a", "-q", service).stdout.strip())
-        return started
-
-    def run(self, service: str, name: str) -> None:
-        """A one-off container of `service` (compose run), with this job's settings: a node of another job."""
-        container = self.compose.compose("run", "-d", "--no-deps", "--name", f"{self.compose.project}-{name}", service).stdout
-        self._follow(name, container.strip().splitlines()[-1])
-
-    def _follow(self, name: str, container: str) -> None:
-        self.containers[name] = container
-        self.follow[name] = Node(name, ["docker", "logs", "-f", container], dict(os.environ), self.tmp_path / "logs")
-
-    def find(self, pattern: str, after: float = 0.0) -> tuple[str, float] | None:
-        """(node, arrival time) of the earliest line matching `pattern` on any node."""
-        hits = [(name, hit[0]) for name, node in self.follow.items() if (hit := node.find(pattern, after))]
-        return min(hits, key=lambda h: h[1]) if hits else None
-
-    def wait_for(self, pattern: str, timeout: float = TIMEOUT_S, after: float = 0.0) -> tuple[str, float]:
-        deadline = time.monotonic() + timeout
-        while (hit := self.find(pattern, after)) is None:
-            assert time.monotonic() < deadline, f"no line matching {pattern!r} within {timeout} s:\n{self.tails()}"
-            assert any(self.running(n) for n in self.containers), f"every node ended before {pattern!r}:\n{self.tails()}"
-            time.sleep(0.2)
-        return hit
-
-    def rank0_at_step(self, world: int, step: int) -> str:
-        """The node whose rank 0 reached `step` at `world` (it printed `world N` first)."""
-        node, at = self.wait_for(world_line(world))
-        wait_step(self.follow[node], step, after=at)
-        return node
-
-    def running(self, name: str) -> bool:
-        state = run("docker", "inspect", "-f", "{{.State.Running}}", self.containers[name], check=False).stdout.strip()
-        return state == "true"
-
-    def kill(self, name: str) -> float:
-        at = time.monotonic()
-        run("docker", "kill", self.containers[name])
-        return at
-
-    def wait(self, *names: str, timeout: float = TIMEOUT_S) -> dict[str, int]:
-        return {name: int(run("docker", "wait", self.containers[name], timeout=timeout).stdout.strip()) for name in names}
-
-    def text(self, name: str) -> str:
-        return self.follow[name].text()
-
-    def tails(self, chars: int = 2500) -> str:
-        return "\n".join(f"--- {name}:\n{self.text(name)[-chars:]}" for name in self.follow)
-
-    def segments(self) -> list:
-        logs = {name: subprocess.run(["docker", "logs", "-t", c], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, timeout=60).stdout for name, c in self.containers.items()}  # fmt: skip
-        return timeline.segments(logs)
-
-    def metrics(self, *services: str) -> dict:
-        return self.compose.metrics(*services, path=f"/workspace/output/{self.id}/metrics.json")
-
-    def close(self) -> None:
-        for name, container in self.containers.items():
-            run("docker", "rm", "-f", container, check=False)
-            self.follow[name].stop()
 
 
 @pytest.fixture(scope="module")
 def cluster(docker_ready):
-    cluster = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": PREFIX})
-    try:
-        cluster.compose("build", "etcd0", timeout=900)  # one image for the three members
-        cluster.compose("up", "-d", "--no-build", "--wait", *ETCD, timeout=120)
-        yield cluster
-    finally:
-        cluster.down()
+    yield from etcd_cluster(PREFIX)
 
 
 @pytest.fixture
 def job_factory(cluster, tmp_path):
-    jobs: list[Job] = []
-
-    def make(name: str, on: ComposeJob = cluster, **env: str) -> Job:
-        jobs.append(Job(on, name, tmp_path / name, **env))
-        return jobs[-1]
-
-    yield make
-    for job in jobs:
-        job.close()
-
-
-def scale_down(job: Job, lose) -> dict:
-    """Three nodes train at world 3; once rank 0 is past step 6 (a checkpoint every 4), the node
-    lose(rank 0's node) is killed; the other two must meet at world 2 and finish."""
-    job.up(*TRAINERS)
-    holder = job.rank0_at_step(3, 6)
-    victim = lose(holder)
-    killed_at = job.kill(victim)
-    survivors = [t for t in TRAINERS if t != victim]
-    node, formed = job.wait_for(world_line(2), after=killed_at)
-    _, first = job.wait_for(STEP, after=formed)
-    codes = job.wait(*survivors)
-    return {"victim": victim, "holder": holder, "survivors": survivors, "codes": codes,
-            "formed_s": formed - killed_at, "recovery_s": first - killed_at}  # fmt: skip
-
-
-def check_scaled_down(job: Job, result: dict) -> dict:
-    survivors = result["survivors"]
-    assert result["codes"] == dict.fromkeys(survivors, 0), job.tails()
-    metrics = job.metrics(*survivors)
-    assert (metrics["world_size"], metrics["nnodes"]) == (2, 2), metrics
-    assert len(metrics["rank_checksums"]) == 2 and len(set(metrics["rank_checksums"])) == 1
-    segments = job.segments()
-    assert [s.world for s in segments] == [3, 2], segments
-    assert segments[1].resumed_from > 0 and segments[1].end == "finished", segments
-    for survivor in survivors:
-        # ", not counted against --max-restarts" follows only where a failure was counted: a survivor whose
-        # agent restarted its ranks for the waiting node (torch's num_nodes_waiting) saw none.
-        assert "the job now has 2 node(s), 3 before: a membership change" in job.text(survivor), job.tails()
-    return metrics
-
-
-def check_exactly_once(metrics: dict, epochs: list[int], worlds: list[int]) -> None:
-    assert metrics["exactly_once"] and metrics["ledger"]["complete"] == epochs, metrics["ledger"]
-    assert [world for _, world, _ in metrics["membership"]] == worlds, metrics["membership"]
+    yield from job_factory_for(cluster, tmp_path)
 
 
 # Which node is lost: rank 0's (its holder: the next round must give rank 0 to a survivor) or another one.
@@ -247,29 +84,6 @@ def test_etcd_v3_losing_a_node_leaves_two_nodes_that_finish(job_factory, lost):
     metrics = check_scaled_down(job, result)
     check_exactly_once(metrics, [1, 2], [3, 2])
     print(f"\netcd-v3: {result['victim']} ({lost} node) killed -> world 2 formed after {result['formed_s']:.1f} s, "
-          f"first step at world 2 after {result['recovery_s']:.1f} s")
-
-
-@pytest.fixture(scope="module")
-def cluster_v2(docker_ready):
-    """Another etcd cluster, with the v2 API that torch's `etcd` rendezvous needs."""
-    cluster = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": PREFIX_V2, "TRAINPOD_ETCD_ENABLE_V2": "true"})
-    try:
-        cluster.compose("build", "etcd0", timeout=900)
-        cluster.compose("up", "-d", "--no-build", "--wait", *ETCD, timeout=120)
-        yield cluster
-    finally:
-        cluster.down()
-
-
-@pytest.mark.parametrize("lost", LOSE)
-def test_torchs_etcd_backend_losing_a_node_leaves_two_that_finish(job_factory, cluster_v2, lost):
-    # torch's etcd backend takes one endpoint (a list is a ValueError in its handler): etcd0 alone.
-    job = job_factory("down-v2", on=cluster_v2, TRAINPOD_RDZV_BACKEND="etcd", TRAINPOD_RDZV_ENDPOINT="etcd0:2379")
-    result = scale_down(job, lose=LOSE[lost])
-    check_scaled_down(job, result)
-    assert "etcd rendezvous" in job.text(result["holder"])
-    print(f"\netcd (v2): {result['victim']} ({lost} node) killed -> world 2 formed after {result['formed_s']:.1f} s, "
           f"first step at world 2 after {result['recovery_s']:.1f} s")
 
 
@@ -296,7 +110,7 @@ def test_c10d_losing_the_stores_host_ends_the_others_with_69_and_one_line(job_fa
 
 
 def test_a_fourth_node_joins_a_running_job(job_factory):
-    job = job_factory("up", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_LONGER_ARGS)
+    job = job_factory("up", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_LONGER_ARGS, TRAINPOD_NNODES="2:4")
     job.up(*TRAINERS)
     job.rank0_at_step(3, 4)
     joined_at = job.up("trainer3")  # profile scale-up: named, it starts
@@ -381,3 +195,22 @@ def test_etcd_losing_one_member_is_nothing_losing_quorum_ends_the_attempt_and_qu
         assert "the job exited with 69: restart 1 of" in job.text(trainer), job.tails()
     print(f"\netcd faults: quorum lost -> each node's error line after {min(said.values()):.1f}-{max(said.values()):.1f} s; "
           f"quorum back -> world 3 again after {formed - back_at:.1f} s")
+
+
+# torch's `etcd` backend last: its etcd cluster (a module fixture, three more members, about 0.05 of a core while
+# idle) then runs only from its first test to the module's end, not through the tests before.
+@pytest.fixture(scope="module")
+def cluster_v2(docker_ready):
+    """Another etcd cluster, with the v2 API that torch's `etcd` rendezvous needs."""
+    yield from etcd_cluster(PREFIX_V2, TRAINPOD_ETCD_ENABLE_V2="true")
+
+
+@pytest.mark.parametrize("lost", LOSE)
+def test_torchs_etcd_backend_losing_a_node_leaves_two_that_finish(job_factory, cluster_v2, lost):
+    # torch's etcd backend takes one endpoint (a list is a ValueError in its handler): etcd0 alone.
+    job = job_factory("down-v2", on=cluster_v2, TRAINPOD_RDZV_BACKEND="etcd", TRAINPOD_RDZV_ENDPOINT="etcd0:2379")
+    result = scale_down(job, lose=LOSE[lost])
+    check_scaled_down(job, result)
+    assert "etcd rendezvous" in job.text(result["holder"])
+    print(f"\netcd (v2): {result['victim']} ({lost} node) killed -> world 2 formed after {result['formed_s']:.1f} s, "
+          f"first step at world 2 after {result['recovery_s']:.1f} s")

@@ -14,7 +14,8 @@ from test_hangs import STOPPED_AT
 
 from fixtures.docker_env import REPO, ComposeJob, find_rank
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its jobs take the subnet 10.151.57 in turn.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_hangs")]
 
 HANGS = REPO / "tests" / "integration" / "compose" / "pai-2node-hangs.yaml"
 HANG_JOB = REPO / "tests" / "integration" / "compose" / "pai-2node-hang-job.yaml"

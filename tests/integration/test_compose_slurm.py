@@ -12,7 +12,8 @@ import pytest
 from fixtures.docker_env import REPO, ComposeJob
 from trainpod.examples.reporting import parse_metrics_line
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): the SLURM cluster is a module fixture.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_slurm")]
 
 COMPOSE = REPO / "compose" / "slurm" / "compose.yaml"
 SMALL = ["--synthetic-samples", "1024", "--batch-size", "32"]
@@ -100,6 +101,6 @@ def test_scancel_stops_every_rank_and_the_checkpoint_stays_loadable(cluster):
     assert re.search(r"stopped by SIGTERM at step \d+; checkpoint of step \d+ saved", output), output
 
     loaded = cluster.compose("exec", "-T", "-u", "trainpod", "node2", "python3", "-c",
-                             "from trainpod.checkpoint import Checkpointer; step, state = "
+                             "from trainpod.train.checkpoint import Checkpointer; step, state = "
                              "Checkpointer('/shared/run2/ckpt').load_latest(); print('step', step)").stdout
     assert int(re.search(r"step (\d+)", loaded)[1]) >= 10

@@ -1,4 +1,4 @@
-"""trainpod.dirlock with real `trainpod run` jobs on the host (supervisord, torchrun, gloo; no Docker):
+"""trainpod.supervisor.dirlock with real `trainpod run` jobs on the host (supervisord, torchrun, gloo; no Docker):
 one job per checkpoint directory. Each test runs past --lock-timeout (set low) several times.
 
 - a second job on a directory in use is refused (78, one line naming the holder) while the first

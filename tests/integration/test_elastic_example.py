@@ -13,20 +13,24 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.ports import free_port
+
 pytestmark = [pytest.mark.slow]
 torch = pytest.importorskip("torch")
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 SAMPLES, BATCH = 120, 8
-ARGS = ["--image-size", "16", "--synthetic-samples", str(SAMPLES), "--synthetic-classes", "4", "--workers", "0",
+ARGS = ["--arch", "resnet18", "--image-size", "16", "--synthetic-samples", str(SAMPLES), "--synthetic-classes", "4", "--workers", "0",
         "--epochs", "2", "--batch-size", str(BATCH), "--checkpoint-every", "3", "--log-every", "1"]
 
 
 def train(tmp_path: Path, nproc: int, *extra: str) -> tuple[str, dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_"))}
     env.update(PYTHONPATH=ENTRYPOINT, OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", str(nproc), "--example", "imagenet-elastic",
-               "--", *ARGS, *extra, "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    # A port of its own: a single node's default, 29500, is every other such job's too (pytest-xdist runs them side by side).
+    command = [sys.executable, "-m", "trainpod", "run", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
+               "--example", "imagenet-elastic", "--", *ARGS, *extra, "--output-dir", str(tmp_path / "out"),
+               "--checkpoint-dir", str(tmp_path / "ckpt")]
     result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     log = result.stdout
     assert result.returncode == 0, log[-4000:]

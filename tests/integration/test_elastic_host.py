@@ -11,6 +11,9 @@
 - `--rdzv-backend etcd` against an etcd without v2: 78 and one line naming the endpoint and both fixes.
 - The same command twice in a row works (each run meets in a fresh generation of the id), and two
   jobs on one etcd at once never meet.
+- A node that comes as the job finishes (its ranks past trainpod's shutdown, tearing down) does not make
+  the job train again: the finishing node does not restart its group for it, and the late node ends with
+  0 when the run closes, where a retry would have trained a copy of the job alone (etcd-v3 and etcd).
 """
 
 from __future__ import annotations
@@ -28,12 +31,18 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
 
 TIMEOUT_S = 240
+# The two nodes of scale_down() must meet at world 2 first. They start together, but each reaches the rendezvous only
+# once it has started Python, supervisord and torch's agent: on a loaded machine (make test runs the tests side by
+# side) the second came more than the default last call (3 s) after the first, which formed world 1 alone and trained
+# the whole short job before the other joined. 30 s covers that skew (test_the_same_command_twice_in_a_row_works meets
+# the same way); the survivor's next round waits as long for a second node, which the recovery it prints includes.
+MEET = ("--rdzv-conf", "last_call_timeout=30")
 
 
 @pytest.mark.parametrize("backend,server", [("etcd-v3", "etcd"), ("etcd", "etcd_v2")])
 def test_a_lost_node_leaves_the_survivor_training_at_world_one(backend, server, request, tmp_path):
     endpoint = request.getfixturevalue(server).endpoint
-    result = scale_down(lambda: trainpod_argv(backend, endpoint, tmp_path), clean_env(), tmp_path, TIMEOUT_S)
+    result = scale_down(lambda: trainpod_argv(backend, endpoint, tmp_path, *MEET), clean_env(), tmp_path, TIMEOUT_S)
     survivor = result["survivor"]
     text = survivor.text()
     assert result["survivor_code"] == 0, text[-5000:]
@@ -43,27 +52,29 @@ def test_a_lost_node_leaves_the_survivor_training_at_world_one(backend, server, 
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["world_size"] == 1 and metrics["steps"] > 0
     print(f"\n{backend}: world 2 formed {result['formed_s']:.1f} s after the start; lost node -> first step at world 1: "
-          f"{result['recovery_s']:.1f} s")
+          f"{result['recovery_s']:.1f} s (with the last call of {MEET[1]}; bench/elastic.py measures the default's)")
 
 
 def test_a_stopped_node_leaves_and_the_survivor_goes_on_from_its_checkpoint(etcd, tmp_path):
     """SIGTERM to one node of an elastic job: that node leaves with 143 (no stop key ends the others); every
     rank checkpoints at the same step (the stop vote) and the survivor goes on from there at world 1."""
-    result = scale_down(lambda: trainpod_argv("etcd-v3", etcd.endpoint, tmp_path), clean_env(), tmp_path, TIMEOUT_S,
+    result = scale_down(lambda: trainpod_argv("etcd-v3", etcd.endpoint, tmp_path, *MEET), clean_env(), tmp_path, TIMEOUT_S,
                         how="term")
     text = result["survivor"].text()
     assert result["lost_code"] == 143, result["lost"].text()[-3000:]
     assert result["survivor_code"] == 0, text[-5000:]
     assert "another node of this elastic job was stopped" in text and "world 1, backend gloo" in text
-    print(f"\netcd-v3: stopped node -> first step at world 1: {result['recovery_s']:.1f} s")
+    print(f"\netcd-v3: stopped node -> first step at world 1: {result['recovery_s']:.1f} s (with the last call of {MEET[1]})")
 
 
 def c10d_nodes(tmp_path, port: int, rejoin: float, is_host: dict[str, str]) -> list[Node]:
     # Long enough (128 steps at world 2) that the job is still running when its store's host is killed.
     argv = [*trainpod_argv("c10d", f"127.0.0.1:{port}", tmp_path), "--synthetic-samples", "8192"]
     env = clean_env(TRAINPOD_REJOIN_TIMEOUT=str(rejoin), TRAINPOD_MAX_RESTARTS="3")
-    return [Node(name, argv, {**env, **({"TRAINPOD_RDZV_CONF": f"is_host={is_host[name]}"} if is_host else {})},
-                 tmp_path / "logs") for name in "ab"]
+    # They must meet at world 2 first, as scale_down()'s nodes (MEET): with the default last call, a node that reached
+    # the rendezvous more than 3 s after the other on a loaded machine left it to train at world 1 alone.
+    conf = {name: ",".join([MEET[1], *([f"is_host={is_host[name]}"] if is_host else [])]) for name in "ab"}
+    return [Node(name, argv, {**env, "TRAINPOD_RDZV_CONF": conf[name]}, tmp_path / "logs") for name in "ab"]
 
 
 def kill_the_stores_host(nodes: list[Node], port: int) -> tuple[Node, float]:
@@ -160,3 +171,50 @@ def test_two_jobs_on_one_etcd_never_meet(etcd, tmp_path):
     b = job("b", etcd.endpoint, tmp_path / "b", "10")  # another command: another id
     text_a, text_b = finished(a), finished(b)
     assert text_a.count("of 2: sum 2") == 2 and text_b.count("of 2: sum 20") == 2, (text_a, text_b)
+
+
+# Trains (one all-reduce), ends its training with trainpod's shutdown (every rank past its barrier: the agent is told),
+# then tears down slowly: until the test creates the file argv[1] (a last upload, a flush of the outputs).
+FINISHING = """
+import os, sys, time, torch, torch.distributed as dist
+from trainpod.train import distributed
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"trained at world {dist.get_world_size()}", flush=True)
+distributed.shutdown()
+print("training over", flush=True)
+deadline = time.monotonic() + 600  # (the test creates the file: this only bounds a test that failed)
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("backend,server", [("etcd-v3", "etcd"), ("etcd", "etcd_v2")])
+def test_a_node_that_comes_as_the_job_finishes_does_not_make_it_train_again(backend, server, request, tmp_path):
+    endpoint = request.getfixturevalue(server).endpoint
+    script, torn_down = tmp_path / "finishing.py", tmp_path / "torn-down"
+    script.write_text(FINISHING)
+    argv = [sys.executable, "-m", "trainpod", "run", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", backend,
+            "--rdzv-endpoint", endpoint, "--rdzv-id", f"finishing-{tmp_path.name}", "--", sys.executable, str(script),
+            str(torn_down)]
+    first = Node("first", argv, clean_env(), tmp_path / "logs")
+    late = None
+    try:
+        assert first.wait_for("training over", TIMEOUT_S), first.text()
+        late = Node("late", argv, clean_env(), tmp_path / "logs")
+        # the late node waits in the rendezvous: torch's agent would restart the group for it
+        assert first.wait_for("waiting to join, but this worker group is finishing", TIMEOUT_S), first.text() + late.text()
+        torn_down.touch()
+        codes = [first.wait(TIMEOUT_S), late.wait(TIMEOUT_S)]
+    finally:
+        torn_down.touch()
+        for node in (first, late):
+            if node is not None:
+                node.stop()
+    text, late_text = first.text(), late.text()
+    assert codes == [0, 0], f"{codes}\n--- first:\n{text}\n--- late:\n{late_text}"
+    assert text.count("trained at world") == 1, text  # the job trained once
+    assert "a membership change" not in text, text
+    assert "ended while this node waited to join a round of it" in late_text, late_text
+    assert "trained at world" not in late_text and "the job exited with" not in late_text, late_text  # no retry, no copy

@@ -33,13 +33,13 @@ def trainpod_lines(output: str) -> list[str]:
 LEAVES_AT_STEP_3 = textwrap.dedent("""
     import os, time
     import torch, torch.distributed as dist
-    import trainpod.progress
+    import trainpod.train.progress
 
     dist.init_process_group("gloo")
     rank, value = dist.get_rank(), torch.zeros(1)
     for step in range(1, 1000):
         dist.all_reduce(value)
-        trainpod.progress.step(step)
+        trainpod.train.progress.step(step)
         if rank == 1 and step == 3:
             os._exit(0)
         time.sleep(0.05)

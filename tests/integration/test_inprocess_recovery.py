@@ -18,6 +18,10 @@ from fixtures.ports import free_port
 
 pytest.importorskip("torch")
 
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): the uninterrupted runs the tests compare
+# with are the module fixture `reference`, made once.
+pytestmark = [pytest.mark.xdist_group("inprocess_recovery")]
+
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 EVERY = 5
 # 2 epochs of 1024 samples per rank in batches of 32: 64 steps, a checkpoint every 5.
@@ -106,7 +110,7 @@ def run_and_kill(out: Path, victim: int | tuple[int, ...], nproc: int = 2, **env
                          ids=["rank 1 of 2", "rank 0 of 2, whose keeper hosts the store", "rank 2 of 4"])
 def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processes(tmp_path, reference, nproc, victim):
     """With 4 ranks, some survivors wait on a live rank rather than the dead one: they learn of the failure
-    only when the ranks that saw it free their group (trainpod.inprocess._release)."""
+    only when the ranks that saw it free their group (trainpod.train.inprocess._release)."""
     code, log, before, after = run_and_kill(tmp_path, victim, nproc)
     assert code == 0, log[-4000:]
     survivors = [r for r in range(nproc) if r != victim]
@@ -131,7 +135,7 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
 
 def test_two_ranks_killed_together_are_both_replaced_in_one_new_group(tmp_path, reference):
     """Their keepers count two generations, 1 and 2; the survivors and both replacements meet at the newest
-    (trainpod.inprocess._meet) rather than waiting out the re-form timeout in two halves of a group."""
+    (trainpod.train.inprocess._meet) rather than waiting out the re-form timeout in two halves of a group."""
     code, log, before, after = run_and_kill(tmp_path, (1, 2), 4)
     assert code == 0, log[-4000:]
     assert all(after[f"rank{r}"] == before[f"rank{r}"] for r in (0, 3)), (before, after)

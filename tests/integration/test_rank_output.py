@@ -1,5 +1,5 @@
 """Issue 29 on the host (real torchrun, real supervisord, no Docker): every rank's line reaches the output
-whole and prefixed however the rank writes it and whatever the load (trainpod.ranklog), and a script that
+whole and prefixed however the rank writes it and whatever the load (trainpod.agent.ranklog), and a script that
 fails the same way on every rank prints its traceback or usage error once, with one line for the others.
 Issue 24: a rank's line reaches trainpod's output when it is written, and a bundled example's usage error is
 the rank's line and one of trainpod's."""
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.ports import free_port
-from trainpod import ranklog
+from trainpod.agent import ranklog
 
 pytest.importorskip("torch")
 

@@ -16,12 +16,14 @@ import pytest
 from fixtures.ports import free_port
 from fixtures.processes import wait_logged
 
-pytestmark = [pytest.mark.slow]
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): the uninterrupted run is the module fixture
+# `reference`, made once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sigterm")]
 
 torch = pytest.importorskip("torch")
 
-from trainpod.checkpoint import Checkpointer  # noqa: E402
-from trainpod.dirlock import LOCK_NAME  # noqa: E402
+from trainpod.contract import LOCK_FILE  # noqa: E402
+from trainpod.train.checkpoint import Checkpointer  # noqa: E402
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 ARGS = ["--epochs", "2", "--synthetic-samples", "1024", "--batch-size", "32", "--checkpoint-every", "4", "--log-every", "4"]
@@ -78,8 +80,8 @@ def sigterm_after_a_checkpoint(out: Path, *extra: str) -> int:
     names = sorted(os.listdir(out / "ckpt"))
     manifests = [name for name in names if name.endswith(".json")]
     assert manifests[-1] == f"ckpt-{step:08d}.json", names
-    # no temporary file left behind; the job's lock (trainpod.dirlock) stays, marked ended
-    assert not [name for name in names if (name.startswith(".") and name != LOCK_NAME) or name.endswith(".tmp")], names
+    # no temporary file left behind; the job's lock (trainpod.supervisor.dirlock) stays, marked ended
+    assert not [name for name in names if (name.startswith(".") and name != LOCK_FILE) or name.endswith(".tmp")], names
     assert not (out / "output" / "metrics.json").exists()
     return step
 

@@ -14,7 +14,8 @@ import pytest
 from fixtures.docker_env import REPO, ComposeJob
 from trainpod.examples.reporting import parse_metrics_line
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): the two hosts are a module fixture.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("ssh")]
 
 asyncssh = pytest.importorskip("asyncssh")
 

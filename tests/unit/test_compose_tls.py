@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainpod import preflight
+from trainpod.launcher import preflight
 from trainpod.rendezvous.etcd_http import EtcdAccess
 from trainpod.topology import Rendezvous, Topology
 

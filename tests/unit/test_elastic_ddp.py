@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import torch.multiprocessing as mp  # noqa: E402
 
 from fixtures import elastic_ddp  # noqa: E402
-from trainpod.samplers import Ledger  # noqa: E402
+from trainpod.train.samplers import Ledger  # noqa: E402
 
 N = elastic_ddp.N
 

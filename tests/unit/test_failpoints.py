@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from trainpod import failpoints
-from trainpod.checkpoint import Checkpointer
+from trainpod.contract import FAILPOINTS_VAR
 from trainpod.errors import ConfigError
+from trainpod.train.checkpoint import Checkpointer
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 SAVE = """
 import sys, torch
-from trainpod.checkpoint import Checkpointer
+from trainpod.train.checkpoint import Checkpointer
 with Checkpointer(sys.argv[1]) as ckpt:
     for step in (1, 2, 3):
         ckpt.save(step, {"w": torch.full((1000,), float(step))})
@@ -25,7 +26,7 @@ print("done")
 
 
 def save_three(directory: Path, spec: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, failpoints.VARIABLE: spec}
+    env = {**os.environ, "PYTHONPATH": ENTRYPOINT, FAILPOINTS_VAR: spec}
     return subprocess.run([sys.executable, "-c", SAVE, str(directory)], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -45,11 +46,19 @@ def test_checkpoint_write_kills_mid_write_once_and_the_previous_checkpoint_stays
 
 @pytest.mark.parametrize("spec", ["checkpoint-write", "checkpoint-write@x", "nope@3"])
 def test_a_malformed_variable_is_one_line_naming_it(spec, monkeypatch, tmp_path):
-    monkeypatch.setenv(failpoints.VARIABLE, spec)
+    monkeypatch.setenv(FAILPOINTS_VAR, spec)
     with pytest.raises(ConfigError, match=r"TRAINPOD_FAILPOINTS=.*expected POINT@STEP"):
         Checkpointer(tmp_path)
 
 
 def test_unset_means_off(monkeypatch):
-    monkeypatch.delenv(failpoints.VARIABLE, raising=False)
+    monkeypatch.delenv(FAILPOINTS_VAR, raising=False)
     assert failpoints.armed() == {}
+
+
+def test_crash_raises_at_its_step_every_time_and_nowhere_else(monkeypatch):
+    monkeypatch.setenv(FAILPOINTS_VAR, "crash@6")
+    failpoints.crash(5)
+    for _ in range(2):  # no marker: a node whose ranks always fail there
+        with pytest.raises(failpoints.Crash, match="failpoint crash@6"):
+            failpoints.crash(6)

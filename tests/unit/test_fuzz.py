@@ -17,7 +17,7 @@ from trainpod.environments.slurm import JOB_ID_VARS, NODELIST_VARS
 from trainpod.environments.torchrun import DETECT_VARS, RDZV_VARS
 from trainpod.errors import TrainpodError
 from trainpod.examples import EXAMPLES
-from trainpod.resolve import Options, resolve_topology
+from trainpod.launcher.resolve import Options, resolve_topology
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 

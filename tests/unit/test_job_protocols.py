@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
+from fixtures.cli import in_process
 from fixtures.pai_runtime import pai_environment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +53,11 @@ def trainpod(*args, env=None):
                           capture_output=True, text=True, timeout=60)
 
 
+def here(*args, env=None):
+    """trainpod() in this process (fixtures.cli.in_process): nothing here starts a job."""
+    return in_process(args, {**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})})
+
+
 def load(name):
     return yaml.safe_load((PROTOCOLS / name).read_text())
 
@@ -63,7 +69,7 @@ def test_one_protocol_per_seed_row_and_nothing_else():
 @pytest.mark.parametrize("name", sorted(SEED_ROWS))
 def test_the_committed_protocol_is_what_trainpod_job_renders(name):
     args = shlex.split(SEED_ROWS[name][0].format(R=R))
-    result = trainpod("job", "openpai", *args)
+    result = here("job", "openpai", *args)
     assert result.returncode == 0, result.stderr
     committed = (PROTOCOLS / name).read_text()
     assert result.stdout == committed, f"job_protocols/{name} differs from `trainpod job openpai {' '.join(args)}`: make job-protocols"
@@ -130,7 +136,7 @@ def test_explain_places_every_instance(name):
     assert argv[:2] == ["trainpod", "run"]
     seen = 0
     for _, index, env in instance_environments(protocol):
-        result = trainpod("explain", "--json", *argv[2:], env=env)
+        result = here("explain", "--json", *argv[2:], env=env)
         assert result.returncode == 0, result.stderr
         topology = json.loads(result.stdout)
         assert topology["source"] == "pai" and topology["warnings"] == []

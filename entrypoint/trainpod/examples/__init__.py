@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from trainpod.contract import CHECKPOINT_DIR_VAR, OUTPUT_DIR_VAR, WORKERS_VAR
+
 
 @dataclass(frozen=True)
 class Example:
@@ -29,9 +31,17 @@ class Example:
     loader_workers: bool = False  # whether it starts DataLoader workers unless told --workers 0
     needs: tuple[str, ...] = ("numpy",)  # what it imports besides torch (import names): preflight checks them
 
+    def check_nodes(self, nodes: int, origin: str) -> None:
+        """One line by `origin` (a flag: 64, a variable: 78) when the job asks for more nodes than this example trains on."""
+        if self.max_nodes and nodes > self.max_nodes:
+            from trainpod.errors import error_for
+
+            raise error_for(origin)(f"{origin}={nodes}: the example {self.name} trains on at most {self.max_nodes} node(s) "
+                                    "(DataParallel stays in one process); across nodes use cifar10-ddp")
+
     def uses_loader_workers(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> bool:
         """Whether a run with these example flags (and TRAINPOD_WORKERS) starts DataLoader workers."""
-        workers = flag_value(args, "--workers", env, "TRAINPOD_WORKERS")
+        workers = flag_value(args, "--workers", env, WORKERS_VAR)
         if workers is None:
             return self.loader_workers
         return workers.strip() not in ("0", "+0")  # a bad value is the example's to report
@@ -39,8 +49,8 @@ class Example:
     def directories(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
         """(output directory, checkpoint directory or None) of a run with these flags and variables:
         what its ranks will write, for preflight to check first (trainpod.examples.harness's defaults)."""
-        return (flag_value(args, "--output-dir", env, "TRAINPOD_OUTPUT_DIR") or "./output",
-                flag_value(args, "--checkpoint-dir", env, "TRAINPOD_CHECKPOINT_DIR"))
+        return (flag_value(args, "--output-dir", env, OUTPUT_DIR_VAR) or "./output",
+                flag_value(args, "--checkpoint-dir", env, CHECKPOINT_DIR_VAR))
 
 
 def flag_value(args: Sequence[str], flag: str, env: Mapping[str, str] | None = None, var: str = "") -> str | None:

@@ -20,6 +20,7 @@ from torch import nn
 from trainpod.errors import ConfigError
 from trainpod.examples import harness
 from trainpod.examples.cifar_data import CifarFormatError, find_batches_dir, load_cifar10, synthetic_cifar10
+from trainpod.examples.harness import DATA_DIR_VAR, SYNTHETIC_SAMPLES_VAR
 from trainpod.settings import Integer, Setting
 
 SYNTHETIC_TEST_SAMPLES = 1024
@@ -27,8 +28,8 @@ CLASSES = 10
 
 DATA_OPTIONS = (
     Setting("data_dir", "directory with cifar-10-batches-py/ or the batch files; else synthetic data",
-            var="TRAINPOD_DATA_DIR", metavar="DIR"),
-    Setting("synthetic_samples", "synthetic training samples", Integer(1, 1 << 24), var="TRAINPOD_SYNTHETIC_SAMPLES",
+            var=DATA_DIR_VAR, metavar="DIR"),
+    Setting("synthetic_samples", "synthetic training samples", Integer(1, 1 << 24), var=SYNTHETIC_SAMPLES_VAR,
             default=4096),
 )
 

@@ -7,7 +7,7 @@ change size at every restart, and every sample of every epoch must still train e
     loss = loss_fn_sum(model(inputs), labels) * loss_scale         # DDP's average: the step's mean loss
     feed.after_step(epoch, ids, delivered)                         # sampler position, ledger, next LR
 
-The pieces are trainpod.samplers': ElasticSampler (the rest of an epoch re-sharded over whatever
+The pieces are trainpod.train.samplers': ElasticSampler (the rest of an epoch re-sharded over whatever
 world resumes it; padding never trained), Ledger (which samples the committed steps trained on),
 and the batch and learning-rate rule BATCH_LR_RULE: a fixed per-process batch, the loss a mean over
 the samples the world trained on in a step, lr = --lr x world / reference_world, scheduled by
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from trainpod.samplers import BATCH_LR_RULE, ElasticSampler, Ledger, LedgerReport, WithIds, scaled_lr
+from trainpod.train.samplers import BATCH_LR_RULE, ElasticSampler, Ledger, LedgerReport, WithIds, scaled_lr
 
 __all__ = ["BATCH_LR_RULE", "ElasticFeed", "ElasticSchedule"]
 

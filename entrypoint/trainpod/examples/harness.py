@@ -18,14 +18,14 @@ and the harness does the rest, the same way for each:
   wants the epoch (augmentation seeded per sample and epoch) gets (epoch, index) pairs.
 - the step: autocast and a GradScaler per the precision path (trainpod.examples.precision),
   gradient clipping, an LR schedule of linear warm-up then cosine decay; each step is reported
-  to the agent (trainpod.progress).
+  to the agent (trainpod.train.progress).
 - checkpoints (--checkpoint-dir, every --checkpoint-every steps): model, optimizer, LR
   schedule, scaler, sampler position, every rank's RNG state; resumed from the newest good one,
   so a resumed run ends with the same weights as one never interrupted. The directory is checked
   before the process group forms (an unusable one is 78 on every rank); a save that fails for lack
   of space or permission stops every rank after the current step with 73 (the Checkpointer's one
   line says which checkpoint a new run resumes from).
-- SIGTERM: every rank stops after the same step, saves it and exits 143 (trainpod.preemption).
+- SIGTERM: every rank stops after the same step, saves it and exits 143 (trainpod.train.preemption).
 - elastic examples (Recipe(elastic=True), trainpod.examples.elastic): the world may change size at
   each restart; an ElasticSampler re-shards the rest of the epoch over the new world, padding is
   never trained, a ledger in the checkpoint proves every sample of every epoch trained exactly once,
@@ -59,15 +59,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from trainpod import distributed, inprocess, progress, settings
-from trainpod.checkpoint import Checkpointer, CheckpointError
+from trainpod import failpoints, settings
+from trainpod.contract import CHECKPOINT_DIR_VAR, OUTPUT_DIR_VAR, WORKERS_VAR
 from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, invalid
 from trainpod.examples import precision, reporting
 from trainpod.examples.elastic import BATCH_LR_RULE, ElasticFeed
-from trainpod.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
-from trainpod.rng import rng_state, set_rng_state
-from trainpod.samplers import EpochIndices, ResumableDistributedSampler
 from trainpod.settings import BACKEND, Boolean, Choice, Integer, Number, Setting, Values
+from trainpod.train import distributed, inprocess, progress
+from trainpod.train.checkpoint import Checkpointer, CheckpointError
+from trainpod.train.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
+from trainpod.train.rng import rng_state, set_rng_state
+from trainpod.train.samplers import EpochIndices, ResumableDistributedSampler
+
+# Options the data-loading examples share (each declares its own help and default).
+DATA_DIR_VAR = "TRAINPOD_DATA_DIR"
+SYNTHETIC_SAMPLES_VAR = "TRAINPOD_SYNTHETIC_SAMPLES"
 
 WARMUP_STEPS = 5  # left out of samples/s: the first steps allocate memory and warm caches
 # SGD with momentum 0.9 peaking at lr 0.1 is brisk for small nets: without a cap on the gradient
@@ -81,7 +87,7 @@ EVAL_BATCH = 256
 
 # The options every example has. An example changes their defaults with Recipe.defaults.
 COMMON = (
-    Setting("output_dir", "where rank 0 writes metrics.json", var="TRAINPOD_OUTPUT_DIR", default="./output", metavar="DIR"),
+    Setting("output_dir", "where rank 0 writes metrics.json", var=OUTPUT_DIR_VAR, default="./output", metavar="DIR"),
     Setting("epochs", "epochs", Integer(1, 100_000), var="TRAINPOD_EPOCHS", default=2),
     Setting("batch_size", "batch size per process", Integer(1, 1 << 20), var="TRAINPOD_BATCH_SIZE", default=64),
     Setting("lr", "peak learning rate (linear warm-up, then cosine decay)", Number(above=0, unit=""), var="TRAINPOD_LR",
@@ -91,11 +97,11 @@ COMMON = (
             var="TRAINPOD_SEED", default=0),
     Setting("backend", "gloo (CPU) or nccl (GPU LOCAL_RANK); default nccl where CUDA is", BACKEND.kind, var=BACKEND.var),
     Setting("workers", "DataLoader worker processes per process (default: the example's)", Integer(0, 256),
-            var="TRAINPOD_WORKERS"),
+            var=WORKERS_VAR),
     Setting("max_steps", "stop after this many steps", Integer(1), var="TRAINPOD_MAX_STEPS"),
     Setting("log_every", "steps between loss log points", Integer(1), var="TRAINPOD_LOG_EVERY", default=10),
     Setting("checkpoint_dir", "save checkpoints here and resume from the newest; shared by all nodes (rank 0 writes)",
-            var="TRAINPOD_CHECKPOINT_DIR", metavar="DIR"),
+            var=CHECKPOINT_DIR_VAR, metavar="DIR"),
     Setting("checkpoint_every", "steps between checkpoints", Integer(1), var="TRAINPOD_CHECKPOINT_EVERY", default=10),
     Setting("keep", "checkpoints kept", Integer(1, 10_000), var="TRAINPOD_CHECKPOINT_KEEP", default=3),
     Setting("amp", "mixed precision: autocast to bfloat16 on CPU, float16 with a grad scaler on CUDA", Boolean(),
@@ -540,6 +546,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
                     sampler.advance(delivered)  # what this rank trained on (the loader reads ahead)
                 step += 1
                 progress.step(step)
+                failpoints.crash(step)
                 window[0] += batch_loss.detach().float()
                 window[1] += 1
                 if step in (1, WARMUP_STEPS):
@@ -631,7 +638,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
                 "checksum": checksum,
                 "rank_checksums": rank_checksums,
                 "torch": torch.__version__,
-                "in_process_generation": inprocess.generation(),  # ranks replaced in-process so far (trainpod.keeper)
+                "in_process_generation": inprocess.generation(),  # ranks replaced in-process so far (trainpod.agent.keeper)
             }
             if feed is not None:
                 report = feed.report()

@@ -4,7 +4,8 @@
     trainpod run --example imagenet-ddp -- --image-size 64 --synthetic-classes 10   # no data: synthetic
 
 The model is ResNet-50 (trainpod.examples.resnet: torchvision's architecture and names, defined
-here since torchvision cannot sit beside CPU torch). With --data-dir, an ImageFolder tree of
+here since torchvision cannot sit beside CPU torch), or another depth with --arch (resnet18 trains
+the same job at about a third of the parameters: quick runs, tests). With --data-dir, an ImageFolder tree of
 JPEGs is decoded with Pillow in DataLoader workers with the usual training transforms (random
 resized crop, flip, normalisation), seeded per (seed, epoch, sample) so that a resumed run sees
 the same batches; without it, a learnable synthetic set of ImageNet-shaped samples held in
@@ -20,19 +21,21 @@ from __future__ import annotations
 import sys
 
 from trainpod.examples import harness
+from trainpod.examples.harness import DATA_DIR_VAR, SYNTHETIC_SAMPLES_VAR
 from trainpod.examples.imagenet_data import ImageFolder, SyntheticImageNet
-from trainpod.examples.resnet import resnet50
-from trainpod.settings import Integer, Setting
+from trainpod.examples.resnet import ARCHS
+from trainpod.settings import Choice, Integer, Setting
 
 SYNTHETIC_TEST_FRACTION = 4  # a held-out synthetic set a quarter of the training set's size
 
 OPTIONS = (
+    Setting("arch", "the ResNet, by torchvision's name", Choice(tuple(ARCHS)), var="TRAINPOD_ARCH", default="resnet50"),
     Setting("data_dir", "ImageFolder tree of JPEGs: train/ and val/ with one directory per class (or one split); "
-            "else synthetic data", var="TRAINPOD_DATA_DIR", metavar="DIR"),
+            "else synthetic data", var=DATA_DIR_VAR, metavar="DIR"),
     Setting("image_size", "side of the training crops in pixels (224 for ImageNet; small for quick runs)", Integer(16, 1024),
             var="TRAINPOD_IMAGE_SIZE", default=224),
     Setting("synthetic_samples", "synthetic training samples (held in memory: N x 3 x S x S bytes)", Integer(1, 1 << 22),
-            var="TRAINPOD_SYNTHETIC_SAMPLES", default=1024),
+            var=SYNTHETIC_SAMPLES_VAR, default=1024),
     Setting("synthetic_classes", "classes of the synthetic set", Integer(2, 1000), var="TRAINPOD_SYNTHETIC_CLASSES", default=100),
 )
 
@@ -58,7 +61,7 @@ RECIPE = harness.Recipe(
     data=load_data,
     # The last BatchNorm of each residual branch starts at zero: every block starts as the
     # identity, which keeps the first steps of a deep net stable (Goyal et al., 2017).
-    model=lambda args, data, path: resnet50(num_classes=data.num_classes, zero_init_residual=True),
+    model=lambda args, data, path: ARCHS[args.arch](num_classes=data.num_classes, zero_init_residual=True),
     options=OPTIONS,
     defaults={"batch_size": 32, "lr": 0.02, "epochs": 1},
     # Decoding JPEGs is the expensive part: one worker per CPU of this process, the process keeps one.

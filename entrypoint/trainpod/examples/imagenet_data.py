@@ -4,7 +4,7 @@
     val = ImageFolder("/data/imagenet", image_size=224, train=False)           # root/val/<class>/<image>
     sampler = ResumableDistributedSampler(train, seed=0)
     loader = DataLoader(train, batch_size=B, sampler=EpochIndices(sampler), num_workers=8, persistent_workers=True)
-                                                     # EpochIndices: trainpod.samplers
+                                                     # EpochIndices: trainpod.train.samplers
     for epoch in ...:
         sampler.set_epoch(epoch)            # EpochIndices reads it: every index arrives as (epoch, i)
         for images, labels in loader: ...   # images float32 [B, 3, S, S], normalized; labels int64 [B]
@@ -38,7 +38,7 @@ persistent worker holds its own copy of the dataset, made when the workers start
 sees an attribute set later in the main process. EpochIndices(sampler) does that: it yields
 (sampler.epoch, i) for each index i of a sampler with an `epoch` (torch's DistributedSampler,
 trainpod's ResumableDistributedSampler), read when each pass starts, i.e. after set_epoch; it lives
-in trainpod.samplers, and the examples' harness uses it for every data set with `wants_epoch`.
+in trainpod.train.samplers, and the examples' harness uses it for every data set with `wants_epoch`.
 
 SyntheticImageNet is the same interface without files: N images of S x S held in memory as one
 uint8 tensor (N * 3 * S * S bytes: 10,000 at 64 px are 123 MB, 10,000 at 224 px 1.5 GB, per

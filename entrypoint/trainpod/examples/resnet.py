@@ -1,23 +1,27 @@
-"""ResNet-50, defined here because torchvision is not a dependency of trainpod.
+"""ResNet-50 (and ResNet-18, -34, -101), defined here because torchvision is not a dependency of trainpod.
 
     model = resnet50(num_classes=1000)                                  # BatchNorm, as torchvision
     model = resnet50(norm_layer=lambda c: nn.GroupNorm(32, c))          # any norm taking the channel count
+    model = ARCHS["resnet18"](num_classes=10)                           # by torchvision's name (--arch)
 
 The architecture is torchvision's ResNet-50 ("v1.5", He et al. 2015 with the stride of each
 stage's first block on its 3x3 convolution rather than its first 1x1): a 7x7/2 stem convolution,
 a 3x3/2 max pool, four stages of 3, 4, 6 and 3 bottleneck blocks (widths 64, 128, 256, 512,
 output 4x the width; the first block of a stage projects its shortcut with a strided 1x1
 convolution and a norm), global average pooling (adaptive, so any input of at least 32x32 works)
-and a linear classifier. 25,557,032 parameters for 1000 classes.
+and a linear classifier. 25,557,032 parameters for 1000 classes. ResNet-101 has 3, 4, 23 and 3
+blocks. ResNet-18 and -34 are built alike from basic blocks (two 3x3 convolutions, output the
+width; 2, 2, 2, 2 and 3, 4, 6, 3 of them): 11,689,512 and 21,797,672 parameters. The smaller ones
+train the same job at a fraction of the cost, which is what quick runs and tests want.
 
 The parameter and buffer names (conv1, bn1, layer1.0.conv1, ..., layer1.0.downsample.0, fc) and
 their order are torchvision's, so a state_dict loads into torchvision's resnet50() and back
-(strict), and published ImageNet weights load into this one.
+(strict), and published ImageNet weights load into this one; the same holds for each depth.
 
 Initialisation is torchvision's too: convolutions kaiming_normal_ (fan_out, relu), norm weights 1
 and biases 0, the classifier PyTorch's default for nn.Linear. zero_init_residual=True zeroes the
-weight of each block's last norm, so every block starts as the identity (Goyal et al. 2017, for
-large-batch training), as torchvision's flag of that name does.
+weight of each block's last norm (bn3 of a bottleneck, bn2 of a basic block), so every block starts
+as the identity (Goyal et al. 2017, for large-batch training), as torchvision's flag of that name does.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["Bottleneck", "ResNet", "resnet50"]
+__all__ = ["ARCHS", "BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet34", "resnet50", "resnet101"]
 
 NormLayer = Callable[[int], nn.Module]  # channels -> a norm module over them
 
@@ -36,6 +40,38 @@ RESNET50_BLOCKS = (3, 4, 6, 3)
 # Norm modules whose affine parameters start at weight 1, bias 0 (torchvision's list plus SyncBatchNorm,
 # which a DDP job may pass as norm_layer).
 _NORMS = (nn.BatchNorm2d, nn.SyncBatchNorm, nn.GroupNorm)
+
+
+class BasicBlock(nn.Module):
+    """3x3 (strided), 3x3, each followed by a norm, output the width; plus the shortcut (ResNet-18, -34)."""
+
+    expansion = 1
+
+    def __init__(
+        self,
+        in_channels: int,
+        width: int,
+        stride: int = 1,
+        downsample: nn.Module | None = None,
+        norm_layer: NormLayer = nn.BatchNorm2d,
+    ) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=stride, padding=1, bias=False)
+        self.bn1 = norm_layer(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(width, width, kernel_size=3, padding=1, bias=False)
+        self.bn2 = norm_layer(width)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        y += shortcut
+        return self.relu(y)
+
+    def last_norm(self) -> nn.Module:
+        return self.bn2
 
 
 class Bottleneck(nn.Module):
@@ -71,9 +107,15 @@ class Bottleneck(nn.Module):
         y += shortcut  # in place, as torchvision: the norm's backward does not need its output
         return self.relu(y)
 
+    def last_norm(self) -> nn.Module:
+        return self.bn3
+
+
+Block = type[BasicBlock] | type[Bottleneck]
+
 
 class ResNet(nn.Module):
-    """A bottleneck ResNet; `blocks` is the number of blocks per stage ((3, 4, 6, 3) for ResNet-50)."""
+    """A ResNet of `block`s; `blocks` is the number of blocks per stage ((3, 4, 6, 3) of bottlenecks for ResNet-50)."""
 
     def __init__(
         self,
@@ -81,6 +123,7 @@ class ResNet(nn.Module):
         num_classes: int = 1000,
         norm_layer: NormLayer = nn.BatchNorm2d,
         zero_init_residual: bool = False,
+        block: Block = Bottleneck,
     ) -> None:
         super().__init__()
         if len(blocks) != len(STAGE_WIDTHS):
@@ -92,7 +135,7 @@ class ResNet(nn.Module):
         channels = 64
         for number, (count, width) in enumerate(zip(blocks, STAGE_WIDTHS), start=1):
             stride = 1 if number == 1 else 2  # the stem already quartered the resolution before stage 1
-            stage, channels = _stage(channels, width, count, stride, norm_layer)
+            stage, channels = _stage(block, channels, width, count, stride, norm_layer)
             setattr(self, f"layer{number}", stage)  # layer1..layer4: torchvision's names
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(channels, num_classes)
@@ -107,8 +150,8 @@ class ResNet(nn.Module):
                 nn.init.zeros_(module.bias)
         if zero_init_residual:
             for module in self.modules():
-                if isinstance(module, Bottleneck) and getattr(module.bn3, "weight", None) is not None:
-                    nn.init.zeros_(module.bn3.weight)
+                if isinstance(module, (BasicBlock, Bottleneck)) and getattr(module.last_norm(), "weight", None) is not None:
+                    nn.init.zeros_(module.last_norm().weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
@@ -116,20 +159,41 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def _stage(in_channels: int, width: int, count: int, stride: int, norm_layer: NormLayer) -> tuple[nn.Sequential, int]:
+def _stage(block: Block, in_channels: int, width: int, count: int, stride: int,
+           norm_layer: NormLayer) -> tuple[nn.Sequential, int]:
     """`count` blocks; the first strides and, where the shape changes, projects its shortcut."""
-    out_channels = width * Bottleneck.expansion
+    out_channels = width * block.expansion
     downsample = None
     if stride != 1 or in_channels != out_channels:
         downsample = nn.Sequential(
             nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=stride, bias=False),
             norm_layer(out_channels),
         )
-    blocks = [Bottleneck(in_channels, width, stride, downsample, norm_layer)]
-    blocks += [Bottleneck(out_channels, width, norm_layer=norm_layer) for _ in range(count - 1)]
+    blocks = [block(in_channels, width, stride, downsample, norm_layer)]
+    blocks += [block(out_channels, width, norm_layer=norm_layer) for _ in range(count - 1)]
     return nn.Sequential(*blocks), out_channels
 
 
 def resnet50(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
     """ResNet-50 v1.5 with torchvision's names and initialisation; see the module docstring."""
     return ResNet(RESNET50_BLOCKS, num_classes=num_classes, norm_layer=norm_layer, zero_init_residual=zero_init_residual)
+
+
+def resnet18(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
+    """ResNet-18: basic blocks, (2, 2, 2, 2)."""
+    return ResNet((2, 2, 2, 2), num_classes, norm_layer, zero_init_residual, BasicBlock)
+
+
+def resnet34(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
+    """ResNet-34: basic blocks, (3, 4, 6, 3)."""
+    return ResNet((3, 4, 6, 3), num_classes, norm_layer, zero_init_residual, BasicBlock)
+
+
+def resnet101(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
+    """ResNet-101 v1.5: bottlenecks, (3, 4, 23, 3)."""
+    return ResNet((3, 4, 23, 3), num_classes, norm_layer, zero_init_residual, Bottleneck)
+
+
+# torchvision's names: what --arch takes (trainpod.examples.imagenet)
+ARCHS: dict[str, Callable[..., ResNet]] = {"resnet18": resnet18, "resnet34": resnet34, "resnet50": resnet50,
+                                           "resnet101": resnet101}

@@ -123,14 +123,13 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
           args: Sequence[str] = ()) -> tuple[Scheduler, settings.Values]:
     """The scheduler's renderer for this job, and the common settings (submit among them)."""
     cls = REGISTRY[scheduler]
+    if example_name not in EXAMPLES:
+        raise UsageError(f"trainpod job {scheduler}: {example_name!r}: expected one of {', '.join(EXAMPLES)}")
     example = EXAMPLES[example_name]
     _check_given(cls.settings, flags, env, args)
     values = settings.resolve(SETTINGS, flags, env)
     nodes = values.nodes if values.nodes is not None else example.nodes
-    if example.max_nodes and nodes > example.max_nodes:
-        origin = values.origins["nodes"]
-        raise error_for(origin)(f"{origin}={nodes}: the example {example.name} trains on at most {example.max_nodes} node(s) "
-                                "(DataParallel stays in one process); across nodes use cifar10-ddp")
+    example.check_nodes(nodes, values.origins["nodes"])
     gpus = values.gpus if values.gpus is not None else example.gpus
     if values.backend == "nccl" and not gpus:
         origin = values.origins["backend"]

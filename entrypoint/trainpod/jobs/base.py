@@ -17,7 +17,9 @@ from trainpod.errors import UsageError
 from trainpod.examples import Example
 from trainpod.jobs.values import printable, shell_line
 from trainpod.settings import TERM_GRACE, Setting, Values, resolve
-from trainpod.supervise import stop_wait_s
+from trainpod.supervisor.supervise import stop_wait_s
+
+MASTER_PORT_VAR = "TRAINPOD_JOB_MASTER_PORT"  # the schedulers that choose the master's port (kubeflow, ssh)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainpod.jobs.base import JobRequest, Scheduler, comment, to_yaml
+from trainpod.jobs.base import MASTER_PORT_VAR, JobRequest, Scheduler, comment, to_yaml
 from trainpod.jobs.values import DnsLabel
 from trainpod.settings import Integer, Setting
 
@@ -57,7 +57,7 @@ def pytorchjob(request: JobRequest, *, namespace: str | None, master_port: int, 
     template = {
         "spec": {
             # SIGTERM: the ranks finish the step and checkpoint within --term-grace; torchrun and
-            # supervisord need their margin on top (trainpod.supervise.stop_wait_s).
+            # supervisord need their margin on top (trainpod.supervisor.supervise.stop_wait_s).
             "terminationGracePeriodSeconds": request.stop_grace_s,
             "securityContext": {"runAsNonRoot": True},
             "containers": [container],
@@ -102,7 +102,7 @@ class KubeflowJob(Scheduler):
         Setting("namespace", "the PyTorchJob's namespace (default: none, kubectl's current one)", DnsLabel(63),
                 var="TRAINPOD_JOB_NAMESPACE", metavar="NS"),
         Setting("master_port", "the Master's port, named pytorchjob-port (default 23456, the operator's)", Integer(1, 65535),
-                var="TRAINPOD_JOB_MASTER_PORT", default=DEFAULT_PORT, metavar="PORT"),
+                var=MASTER_PORT_VAR, default=DEFAULT_PORT, metavar="PORT"),
         Setting("backoff_limit", "pod restarts (exit 128-255) before the job fails (default 3)", Integer(0, 1000),
                 var="TRAINPOD_JOB_BACKOFF_LIMIT", default=3),
     )

@@ -77,7 +77,7 @@ class SlurmJob(Scheduler):
             "",
             "srun starts one `trainpod run` per node; each reads SLURM_NODEID, the node list (the first host is",
             "the master) and SLURM_JOB_ID (the master port) and runs torchrun under supervisord. trainpod must be",
-            "installed on the nodes (pip install trainpod[train]); for a container runtime see the README.",
+            "installed on the nodes (pip install trainpod[train]); for a container runtime see docs/jobs.md (SLURM).",
             f"scancel: the ranks checkpoint and stop within --term-grace; KillWait in slurm.conf must be >= {r.stop_grace_s} s.",
         ])
         body = "".join(f"#SBATCH {option}\n" for option in self.sbatch_options())

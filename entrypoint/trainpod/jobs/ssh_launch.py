@@ -14,11 +14,14 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError, error_for
-from trainpod.jobs.ssh import PID_TAG, SSHJob, Target
+from trainpod.jobs.ssh_hosts import PID_TAG, Target
 from trainpod.jobs.values import printable
+
+if TYPE_CHECKING:  # the job that submits: ssh.py imports this module when it runs --submit
+    from trainpod.jobs.ssh import SSHJob
 
 
 class HostError(TrainpodError):

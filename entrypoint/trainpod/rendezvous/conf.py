@@ -11,7 +11,7 @@ read in torch 2.13's handlers (and trainpod's etcd_v3.py); a bad one is one line
              last_call_timeout, close_timeout, heartbeat_timeout (seconds, positive: torch's
              RendezvousTimeout), keep_alive_interval (seconds), keep_alive_max_attempt; and its
              store (c10d_rendezvous_backend): is_host (torch's booleans), read_timeout (positive),
-             store_type (tcp only: trainpod's fixed-size c10d jobs share that store, trainpod.control)
+             store_type (tcp only: trainpod's fixed-size c10d jobs share that store, trainpod.agent.control)
     etcd-v3  the dynamic rendezvous' keys; read_timeout and ttl (trainpod.rendezvous.etcd_v3)
     etcd     torch's etcd rendezvous (etcd_rendezvous.create_rdzv_handler): timeout (the join),
              last_call_timeout, etcd_prefix; keep_alive_ttl, trainpod's own (trainpod.agent)
@@ -80,7 +80,7 @@ KEYS: dict[str, dict[str, tuple[Kind, str]]] = {
         **DYNAMIC,
         "is_host": (TorchBoolean(), "whether this node's agent hosts the store (trainpod sets it when it knows)"),
         "read_timeout": (Integer(1, 86400), "seconds a store request may take"),
-        "store_type": (Choice(("tcp",)), "the store: trainpod's c10d jobs share the TCP store (trainpod.control)"),
+        "store_type": (Choice(("tcp",)), "the store: trainpod's c10d jobs share the TCP store (trainpod.agent.control)"),
     },
     "etcd-v3": {
         **DYNAMIC,

@@ -52,12 +52,13 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from trainpod.errors import ConfigError, UnreachableError
+from trainpod.settings import ETCD_PASSWORD, ETCD_PASSWORD_FILE, ETCD_USER
 
 __all__ = ["DEFAULT_PORT", "EtcdAccess", "EtcdAccessError", "EtcdClient", "EtcdInfo", "EtcdResponseError",
            "EtcdUnreachableError", "has_userinfo", "named", "parse_endpoints", "probe", "redact"]
 
 DEFAULT_PORT = 2379
-PASSWORD_VAR = "TRAINPOD_ETCD_PASSWORD"
+PASSWORD_VAR = ETCD_PASSWORD.var
 USERINFO = ("a user name or password in the endpoint URL is refused (a secret on a command line shows in `ps` and "
             "in job files): give --etcd-user (TRAINPOD_ETCD_USER) and the password in a file (--etcd-password-file, "
             "TRAINPOD_ETCD_PASSWORD_FILE) or in TRAINPOD_ETCD_PASSWORD")
@@ -124,7 +125,7 @@ class EtcdAccess:
         else:
             env = os.environ if env is None else env
             text = env.get(self.password_var, "") if self.password_var else ""
-            source = self.password_var or "TRAINPOD_ETCD_PASSWORD"
+            source = self.password_var or PASSWORD_VAR
         if not text:
             raise ConfigError(f"{source}: expected the password of etcd user {self.user!r}, found it empty")
         if any(ord(c) < 32 or ord(c) == 127 for c in text):
@@ -170,15 +171,15 @@ class EtcdAccess:
         """The variables that carry the user and the password file to the agent (never the password)."""
         if not self.user:
             return {}
-        return {"TRAINPOD_ETCD_USER": self.user, **({"TRAINPOD_ETCD_PASSWORD_FILE": self.password_file}
+        return {ETCD_USER.var: self.user, **({ETCD_PASSWORD_FILE.var: self.password_file}
                                                     if self.password_file else {})}
 
     @staticmethod
     def from_env(conf: Mapping[str, Any], env: Optional[Mapping[str, str]] = None) -> EtcdAccess:
         """The agent's: TLS files from its rendezvous configuration, the user and password source from `env`."""
         env = os.environ if env is None else env
-        user = env.get("TRAINPOD_ETCD_USER", "").strip()
-        password_file = env.get("TRAINPOD_ETCD_PASSWORD_FILE", "").strip() if user else ""
+        user = env.get(ETCD_USER.var, "").strip()
+        password_file = env.get(ETCD_PASSWORD_FILE.var, "").strip() if user else ""
         return EtcdAccess(cacert=str(conf.get("cacert") or ""), cert=str(conf.get("cert") or ""),
                           key=str(conf.get("key") or ""), user=user, password_file=password_file,
                           password_var="" if password_file or not user else PASSWORD_VAR)

@@ -72,7 +72,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 
 from trainpod.rendezvous.etcd_http import EtcdAccess, EtcdClient, EtcdResponseError, EtcdUnreachableError
 
-__all__ = ["NAME", "EtcdV3Backend", "EtcdV3Store", "Lease", "create_backend", "create_handler", "register"]
+__all__ = ["NAME", "EtcdV3Backend", "EtcdV3Store", "Lease", "create_backend", "create_handler", "register", "store_prefix"]
 
 NAME = "etcd-v3"
 KEY_PREFIX = "/trainpod/rdzv/"
@@ -260,12 +260,17 @@ def _client(params: RendezvousParameters) -> EtcdClient:
     return EtcdClient(params.endpoint, read_timeout, EtcdAccess.from_env(params.config))
 
 
+def store_prefix(run_id: str) -> str:
+    """Where the agents' store of run `run_id` keeps its keys."""
+    return f"{KEY_PREFIX}{run_id}/store/"
+
+
 def create_backend(params: RendezvousParameters) -> tuple[EtcdV3Backend, EtcdV3Store]:
     """The backend and the agents' store for `params` (endpoint, run_id, read_timeout, ttl)."""
     client = _client(params)
     lease = Lease(client, params.get_as_int("ttl", DEFAULT_TTL) or DEFAULT_TTL)
     backend = EtcdV3Backend(client, params.run_id, lease)
-    store = EtcdV3Store(client, f"{KEY_PREFIX}{params.run_id}/store/", lease, timedelta(seconds=client.timeout))
+    store = EtcdV3Store(client, store_prefix(params.run_id), lease, timedelta(seconds=client.timeout))
     return backend, store
 
 

@@ -9,15 +9,22 @@ the first node to end moves it, the others find it moved). A node that starts wh
 (an elastic job's new or restarted node) reads the N of the running job and joins it; the next run
 reads N + 1. Through etcd's v3 API (etcd_http), for torch's `etcd` backend too: an etcd that
 serves v2 serves v3 as well.
+
+A node that waits in the rendezvous of a run that ends meanwhile (it came as the others finished: the
+agent no longer lets a node into a finishing group, trainpod.agent.policy) finds it closed. The run it
+came for is over, so it ends too, where a retry would start the job's next run and train a second
+copy of the job alone: `ended_after` tells that case (N moved since this node read it, or moves within
+a few seconds: the closing node moves it as its agent ends) from a rendezvous closed before this node
+came, whose move was lost (etcd unreachable just then): the node starts it again, in N + 1.
 """
 
 from __future__ import annotations
 
+import time
+
 from trainpod.rendezvous.etcd_http import EtcdClient
 
 KEY_PREFIX = "/trainpod/generation/"
-BASE_VAR = "TRAINPOD_RDZV_BASE_ID"  # for the agent: the id without the generation ...
-GENERATION_VAR = "TRAINPOD_RDZV_GENERATION"  # ... and the generation it runs in
 
 
 def key(base: str) -> bytes:
@@ -45,3 +52,20 @@ def advance(client: EtcdClient, base: str, generation: int) -> int:
         done, _ = client.cas(key(base), str(generation + 1).encode(), found[1] if found else 0)
         if done:
             return generation + 1
+
+
+# How long a node that found its rendezvous closed waits for the closing node to move the generation on.
+ADVANCE_WAIT_S = 5.0
+
+
+def ended_after(client: EtcdClient, base: str, generation: int, wait_s: float = ADVANCE_WAIT_S) -> int | None:
+    """The rendezvous of `generation` is closed: the generation that replaced it if the run ended after this
+    node read `generation` (it moved on, now or within `wait_s`), else None (closed before, its move lost)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        now = current(client, base)
+        if now > generation:
+            return now
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)

@@ -13,9 +13,9 @@ nodes (pickled into the store) carries a map node -> platform rank beside its pa
 completes the round lets torch number them, then gives each participant its platform rank when every
 participant said one and they are exactly 0..n-1; otherwise (an elastic job, a node without trainpod's
 agent, two nodes that claim one rank) torch's order stands. Which agent hosts the workers' store does not
-change: the workers of every rank connect to it as clients (the agent's store, trainpod.agent_policy).
+change: the workers of every rank connect to it as clients (the agent's store, trainpod.agent.policy).
 
-torch's private API used (checked by trainpod.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
+torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
 _add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`,
 and the handler's `_this_node`.
 """

@@ -6,7 +6,7 @@
     python hang_job.py run --steps 1000              # steps of all_reduce, nothing wrong (stop a rank from outside)
 
 Each rank prints `hang-job: rank R hang starts at <unix time>` at the moment its hang begins
-(the benchmark times the report from there). Steps go to trainpod.progress where it is importable.
+(the benchmark times the report from there). Steps go to trainpod.train.progress where it is importable.
 """
 
 import argparse
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 try:
-    from trainpod import progress
+    from trainpod.train import progress
 except ImportError:  # run without trainpod: no step reports
     progress = None
 
@@ -67,7 +67,7 @@ def main() -> int:
         step(2)
         dist.barrier()
         print(f"hang-job: rank {rank} done", flush=True)
-        # What trainpod.distributed.shutdown() does: without it a rank may abort at exit (134), as
+        # What trainpod.train.distributed.shutdown() does: without it a rank may abort at exit (134), as
         # gloo's thread and the interpreter's teardown race for the process group.
         time.sleep(0.2)
         dist.destroy_process_group()

@@ -7,7 +7,7 @@ import pytest
 from trainpod.environments import REGISTRY, select
 from trainpod.environments.etcd import EtcdEnvironment
 from trainpod.errors import ConfigError, UsageError
-from trainpod.resolve import Options, resolve_topology
+from trainpod.launcher.resolve import Options, resolve_topology
 
 
 def test_detected_from_its_variable_and_registered_before_single():

@@ -3,7 +3,7 @@ import pytest
 from fixtures.pai_runtime import pai_environment
 from trainpod.environments.pai import PAIEnvironment
 from trainpod.errors import ConfigError, UsageError
-from trainpod.resolve import Options, resolve_topology
+from trainpod.launcher.resolve import Options, resolve_topology
 
 
 def discover(env, **flags):
@@ -186,7 +186,7 @@ def test_non_numeric_count():
 
 def test_the_job_and_its_attempt_name_the_rendezvous():
     from fixtures.pai_runtime import pai_environment
-    from trainpod.resolve import Options, resolve_topology
+    from trainpod.launcher.resolve import Options, resolve_topology
 
     env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "FC_FRAMEWORK_ATTEMPT_ID": "2"}
     topology = resolve_topology(Options(rdzv_backend="etcd-v3", rdzv_endpoint="etcd:2379"), env, resolve_names=False)

@@ -5,7 +5,7 @@ import pytest
 from trainpod import environments
 from trainpod.environments.slurm import PORT_BASE, SlurmEnvironment, derived_port, expand_hostlist
 from trainpod.errors import ConfigError
-from trainpod.resolve import Options, resolve_topology
+from trainpod.launcher.resolve import Options, resolve_topology
 
 # What srun sets in the task it starts on the second node of `sbatch --nodes=3 --ntasks-per-node=1`
 # followed by `srun trainpod run ...` (names as in the srun manual's OUTPUT ENVIRONMENT VARIABLES).

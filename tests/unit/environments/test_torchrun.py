@@ -2,7 +2,7 @@ import pytest
 
 from trainpod.environments.torchrun import TorchrunEnvironment
 from trainpod.errors import ConfigError, UsageError
-from trainpod.resolve import Options, resolve_topology
+from trainpod.launcher.resolve import Options, resolve_topology
 
 # What Kubeflow Trainer (TrainJob, torch runtime) sets on a node: torchrun's own PET_* variables.
 KUBEFLOW_TRAINER = {

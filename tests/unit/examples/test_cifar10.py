@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from trainpod.errors import ConfigError  # noqa: E402
 from trainpod.examples import cifar10, harness  # noqa: E402
-from trainpod.preemption import EXIT_CODE  # noqa: E402
+from trainpod.train.preemption import EXIT_CODE  # noqa: E402
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")
 

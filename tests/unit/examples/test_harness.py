@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainpod.checkpoint import Checkpointer  # noqa: E402
 from trainpod.errors import ConfigError  # noqa: E402
 from trainpod.examples import cifar10, harness  # noqa: E402
-from trainpod.preemption import GRACE_VAR  # noqa: E402
-from trainpod.rng import rng_state  # noqa: E402
-from trainpod.samplers import ResumableDistributedSampler  # noqa: E402
+from trainpod.train.checkpoint import Checkpointer  # noqa: E402
+from trainpod.train.preemption import GRACE_VAR  # noqa: E402
+from trainpod.train.rng import rng_state  # noqa: E402
+from trainpod.train.samplers import ResumableDistributedSampler  # noqa: E402
 
 # --- options ---
 
@@ -203,7 +203,7 @@ def resume_in_a_world_of_two(rank: int, directory: str, results: str) -> None:
 
     import torch.distributed as dist
 
-    from trainpod import distributed
+    from trainpod.train import distributed
 
     dist.init_process_group("gloo", init_method=f"file://{directory}/pg", rank=rank, world_size=2)
     stateful, sampler = training_state(0, scaler_enabled=False)
@@ -220,7 +220,7 @@ def resume_in_a_world_of_two(rank: int, directory: str, results: str) -> None:
         outcome = f"{error.exit_code} {error}"
     Path(results, f"{rank}.txt").write_text(outcome)
     # Not destroy_process_group() at once: after all_gather_object gloo may still be freeing on its own
-    # thread, and tearing the group down under it aborts the process (trainpod.distributed.shutdown).
+    # thread, and tearing the group down under it aborts the process (trainpod.train.distributed.shutdown).
     distributed.shutdown()
 
 

@@ -25,7 +25,7 @@ from trainpod.examples.imagenet_data import (  # noqa: E402
     to_normalized_tensor,
     train_transform,
 )
-from trainpod.samplers import EpochIndices, ResumableDistributedSampler  # noqa: E402
+from trainpod.train.samplers import EpochIndices, ResumableDistributedSampler  # noqa: E402
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
 STD = torch.tensor(IMAGENET_STD).view(3, 1, 1)

@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from trainpod.examples.resnet import resnet50  # noqa: E402
+from trainpod.examples.resnet import ARCHS, resnet18, resnet50  # noqa: E402
 
 RESNET50_PARAMETERS = 25_557_032  # torchvision's resnet50(), 1000 classes
 # 53 convolutions (stem, 16 blocks x 3, 4 shortcut projections), each with a BatchNorm of 5 entries
@@ -147,3 +147,22 @@ def test_state_dict_interchangeable_with_torchvision():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         assert torch.allclose(ours(x), theirs(x), atol=1e-5)
+
+
+# torchvision's counts, 1000 classes
+@pytest.mark.parametrize("arch,parameters", [("resnet18", 11_689_512), ("resnet34", 21_797_672), ("resnet50", RESNET50_PARAMETERS),
+                                             ("resnet101", 44_549_160)])
+def test_each_arch_has_torchvisions_parameter_count(arch, parameters):
+    assert sum(p.numel() for p in ARCHS[arch]().parameters()) == parameters
+
+
+def test_resnet18_is_basic_blocks_with_torchvisions_names():
+    model = resnet18(num_classes=10, zero_init_residual=True)
+    state = model.state_dict()
+    assert state["layer1.0.conv1.weight"].shape == (64, 64, 3, 3) and "layer1.0.conv3.weight" not in state
+    assert state["layer2.0.conv1.weight"].shape == (128, 64, 3, 3) and model.layer2[0].conv1.stride == (2, 2)
+    assert state["layer2.0.downsample.0.weight"].shape == (128, 64, 1, 1) and "layer1.0.downsample.0.weight" not in state
+    assert state["fc.weight"].shape == (10, 512)
+    assert all(not block.bn2.weight.any() and block.bn1.weight.all() for stage in (model.layer1, model.layer4) for block in stage)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

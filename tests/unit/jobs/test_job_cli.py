@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixtures.cli import in_process
 from trainpod import jobs
 from trainpod.errors import ConfigError, UsageError
 
@@ -20,6 +21,11 @@ def trainpod(*args, env=None, cwd=None):
                           capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
+def here(*args, env=None):
+    """trainpod() in this process (fixtures.cli.in_process): nothing here starts a job."""
+    return in_process(args, {**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})})
+
+
 def one_line_error(result, code):
     assert result.returncode == code, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
@@ -28,11 +34,11 @@ def one_line_error(result, code):
 
 
 def test_every_scheduler_is_a_subcommand_with_its_own_flags():
-    result = trainpod("job", "--help")
+    result = here("job", "--help")
     assert result.returncode == 0
     for name, cls in jobs.REGISTRY.items():
         assert name in result.stdout
-        helped = trainpod("job", name, "--help")
+        helped = here("job", name, "--help")
         assert helped.returncode == 0, helped.stderr
         for setting in (*jobs.SETTINGS, *cls.settings):
             assert setting.flag in helped.stdout
@@ -48,10 +54,10 @@ def test_prints_the_file_and_writes_nothing(tmp_path):
 
 
 def test_a_variable_is_the_flags_twin_and_the_flag_wins():
-    by_var = trainpod("job", "openpai", "cifar10-ddp", env={"TRAINPOD_JOB_NODES": "3"})
+    by_var = here("job", "openpai", "cifar10-ddp", env={"TRAINPOD_JOB_NODES": "3"})
     assert yaml.safe_load(by_var.stdout)["taskRoles"]["worker"]["instances"] == 3
     assert "--nodes 3" in by_var.stdout  # the header says how to render it again, variables as flags
-    by_flag = trainpod("job", "openpai", "cifar10-ddp", "--nodes", "4", env={"TRAINPOD_JOB_NODES": "3"})
+    by_flag = here("job", "openpai", "cifar10-ddp", "--nodes", "4", env={"TRAINPOD_JOB_NODES": "3"})
     assert yaml.safe_load(by_flag.stdout)["taskRoles"]["worker"]["instances"] == 4
 
 
@@ -73,7 +79,7 @@ def test_a_variable_is_the_flags_twin_and_the_flag_wins():
     ["job", "openpai", "cifar10-ddp", "--submit"],
 ])
 def test_usage_errors_exit_64_in_one_line(args):
-    one_line_error(trainpod(*args), 64)
+    one_line_error(here(*args), 64)
 
 
 @pytest.mark.parametrize("env,named", [
@@ -84,7 +90,7 @@ def test_usage_errors_exit_64_in_one_line(args):
     ({"TRAINPOD_TERM_GRACE": "0"}, "TRAINPOD_TERM_GRACE='0'"),
 ])
 def test_bad_variables_exit_78_naming_them(env, named):
-    assert named in one_line_error(trainpod("job", "openpai", "cifar10-ddp", env=env), 78)
+    assert named in one_line_error(here("job", "openpai", "cifar10-ddp", env=env), 78)
 
 
 def test_request_defaults_come_from_the_example():

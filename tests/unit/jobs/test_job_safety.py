@@ -18,7 +18,7 @@ import asyncssh
 import pytest
 import yaml
 
-from trainpod import cli
+from trainpod.launcher import cli
 
 SCHEDULERS = ("openpai", "kubeflow", "slurm", "ssh")
 SMUGGLED = "--x\ntouch /tmp/p\n#"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixtures.cli import in_process
 from fixtures.kubeflow_runtime import pod_environments
 
 kubeflow_models = pytest.importorskip("kubeflow.training.models")
@@ -35,8 +36,13 @@ def trainpod(*args, env=None):
                           capture_output=True, text=True, timeout=60)
 
 
+def here(*args, env=None):
+    """trainpod() in this process (fixtures.cli.in_process): nothing here starts a job."""
+    return in_process(args, {**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})})
+
+
 def render(args):
-    result = trainpod("job", "kubeflow", *shlex.split(args))
+    result = here("job", "kubeflow", *shlex.split(args))
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -100,7 +106,7 @@ def test_explain_places_every_pod(args, nodes, nproc, backend):
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))  # the device plugin's GPUs
         argv = container["args"]
-        result = trainpod("explain", "--json", *argv[2:], env=env)
+        result = here("explain", "--json", *argv[2:], env=env)
         assert result.returncode == 0, result.stderr
         topology = json.loads(result.stdout)
         assert topology["source"] == "torchrun"
@@ -141,7 +147,7 @@ def test_explain_finds_the_elastic_rendezvous_in_every_pod(args, backend, endpoi
     assert len(pods) == job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
     for _rtype, _index, env in pods:
         (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
-        result = trainpod("explain", "--json", *container["args"][2:], env=env)
+        result = here("explain", "--json", *container["args"][2:], env=env)
         assert result.returncode == 0, result.stderr
         topology = json.loads(result.stdout)
         rendezvous = topology["rendezvous"]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fixtures.cli import in_process
 from trainpod import jobs
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")
@@ -16,6 +17,11 @@ CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "
 def trainpod(*args, env=None):
     return subprocess.run([sys.executable, "-m", "trainpod", *args], env={**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})},
                           capture_output=True, text=True, timeout=60)
+
+
+def here(*args, env=None):
+    """trainpod() in this process (fixtures.cli.in_process): nothing here starts a job."""
+    return in_process(args, {**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})})
 
 
 def directives(script):
@@ -44,9 +50,9 @@ def test_a_cpu_job_names_its_processes_and_leaves_memory_to_the_cluster():
 
 
 def test_help_and_bad_values():
-    assert trainpod("job", "slurm", "--help").returncode == 0
-    assert trainpod("job", "slurm", "cifar10-ddp", "--partition", "two words").returncode == 64
-    assert trainpod("job", "slurm", "cifar10-ddp", env={"TRAINPOD_JOB_TIME": "1 day"}).returncode == 78
+    assert here("job", "slurm", "--help").returncode == 0
+    assert here("job", "slurm", "cifar10-ddp", "--partition", "two words").returncode == 64
+    assert here("job", "slurm", "cifar10-ddp", env={"TRAINPOD_JOB_TIME": "1 day"}).returncode == 78
 
 
 def test_submit_without_sbatch_is_one_line_78(tmp_path):
@@ -61,7 +67,7 @@ def test_submit_pipes_the_script_to_sbatch(tmp_path):
     result = trainpod("job", "slurm", "cifar10-ddp", "--submit", env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "Submitted batch job 77"
-    assert (tmp_path / "script").read_text() == trainpod("job", "slurm", "cifar10-ddp").stdout
+    assert (tmp_path / "script").read_text() == here("job", "slurm", "cifar10-ddp").stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sbatch", "script"]  # trainpod itself wrote nothing
 
     sbatch.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trainpod.errors import ConfigError, TrainpodError, UsageError
+from trainpod.launcher.resolve import Options, resolve_topology
 from trainpod.rendezvous import conf
-from trainpod.resolve import Options, resolve_topology
 
 ETCD = {"c10d": {}, "etcd": {"rdzv_endpoint": "e:2379"}, "etcd-v3": {"rdzv_endpoint": "e:2379"}}
 
@@ -67,7 +67,7 @@ def test_a_bad_key_or_value_is_one_line_by_its_origin(backend, given, says, as_v
 
 
 def test_trainpods_own_defaults_pass_the_same_check():
-    from trainpod.resolve import ELASTIC_CONF, ETCD_V2_CONF
+    from trainpod.launcher.resolve import ELASTIC_CONF, ETCD_V2_CONF
 
     conf.check("c10d", ELASTIC_CONF, "default")
     conf.check("etcd-v3", ELASTIC_CONF, "default")

@@ -16,8 +16,8 @@ import pytest
 
 from fixtures.etcd import EtcdProcess, enable_v2_auth, enable_v3_auth, meet
 from fixtures.tls import make_pki
-from trainpod import preflight
 from trainpod.errors import ConfigError, TrainpodError
+from trainpod.launcher import preflight
 from trainpod.rendezvous.etcd_http import EtcdAccess, EtcdClient, probe
 from trainpod.topology import Rendezvous, Topology
 
@@ -87,14 +87,14 @@ def tls(pki, **changes) -> EtcdAccess:
 
 @pytest.mark.parametrize("backend", ["etcd-v3", "etcd"])
 def test_the_launch_plan_and_the_job_spec_carry_the_files_and_the_user_never_the_password(backend, pki, tmp_path):
-    from trainpod.job import JobSpec
-    from trainpod.launch import Target, build_plan
+    from trainpod.launcher.launch import build_plan
+    from trainpod.runspec import RunSpec, Target
 
     secret = tmp_path / "secret"
     secret.write_text("s3cret-in-a-file")
     access = EtcdAccess(cacert=pki.ca, cert=pki.client_cert, key=pki.client_key, user="alice", password_file=str(secret))
     top = topology(backend, "https://etcd0:2379", access)
-    plan = build_plan(top, Target(command=("true",)), {"TRAINPOD_ETCD_PASSWORD": "s3cret-in-a-variable"})
+    plan = build_plan(RunSpec(topology=top, target=Target(command=("true",))), {"TRAINPOD_ETCD_PASSWORD": "s3cret-in-a-variable"})
     argv = plan.argv
     conf = dict(item.split("=", 1) for item in argv[argv.index("--rdzv-conf") + 1].split(","))
     assert {k: conf[k] for k in ("cacert", "cert", "key")} == {"cacert": pki.ca, "cert": pki.client_cert, "key": pki.client_key}
@@ -105,10 +105,10 @@ def test_the_launch_plan_and_the_job_spec_carry_the_files_and_the_user_never_the
         assert endpoint == "https://etcd0:2379" and "protocol" not in conf
     assert plan.env["TRAINPOD_ETCD_USER"] == "alice" and plan.env["TRAINPOD_ETCD_PASSWORD_FILE"] == str(secret)
     assert "etcd0" in plan.env["NO_PROXY"].split(",")
-    spec = JobSpec(topology=top, target=Target(command=("true",)), connect_timeout=5, term_grace=25, max_restarts=0)
+    spec = RunSpec(topology=top, target=Target(command=("true",)), connect_timeout=5, term_grace=25, max_restarts=0)
     shown = " ".join(argv) + repr(plan.env) + spec.to_json() + repr(top)
     assert "s3cret" not in shown
-    assert JobSpec.from_json(spec.to_json()).topology.rdzv.access == access  # what the job hands the agent
+    assert RunSpec.from_json(spec.to_json()).topology.rdzv.access == access  # what the job hands the agent
 
 
 def test_the_agent_rebuilds_the_same_access():
@@ -143,7 +143,7 @@ def test_the_agent_rebuilds_the_same_access():
     ({"rdzv_backend": "c10d", "etcd_user": "alice"}, {}, 64, "--etcd-user: only for an etcd rendezvous"),
 ])  # fmt: skip
 def test_access_mistakes_are_one_line_by_origin_and_never_show_the_password(pki, tmp_path, flags, env, code, says):
-    from trainpod.resolve import Options, resolve_topology
+    from trainpod.launcher.resolve import Options, resolve_topology
 
     files = {"CA": pki.ca, "CERT": pki.client_cert, "KEY": pki.client_key, "OTHER_KEY": pki.other_client_key,
              "NOT_PEM": __file__, "EMPTY": str(tmp_path / "empty"), "SECRET": str(tmp_path / "secret")}
@@ -160,7 +160,7 @@ def test_access_mistakes_are_one_line_by_origin_and_never_show_the_password(pki,
 
 
 def test_https_and_the_files_resolve_for_explain(pki):
-    from trainpod.resolve import Options, resolve_topology
+    from trainpod.launcher.resolve import Options, resolve_topology
 
     top = resolve_topology(Options(nnodes="1:2", rdzv_backend="etcd-v3", rdzv_endpoint="https://e1:2379,https://e2",
                                    etcd_cacert=pki.ca), {}, resolve_names=False)
@@ -275,11 +275,11 @@ def test_etcd_v3_forms_a_world_of_two_with_tls_or_a_user(server, request, pki, p
 @torch_needed
 @pytest.mark.parametrize("server", ["etcd_tls", "etcd_v2_auth"])
 def test_torchs_etcd_backend_forms_a_world_of_two_with_tls_or_a_v2_user(server, request, pki, passwords, monkeypatch):
-    """python-etcd takes TLS from torch (protocol, cacert, cert, key) and the user from trainpod.agent's wrapper."""
+    """python-etcd takes TLS from torch (protocol, cacert, cert, key) and the user from trainpod.agent.agent's wrapper."""
     pytest.importorskip("etcd")
     from torch.distributed.elastic.rendezvous import RendezvousParameters, etcd_rendezvous
 
-    from trainpod import agent
+    from trainpod.agent import agent
 
     etcd = request.getfixturevalue(server)
     conf = {"timeout": 30, "last_call_timeout": 1}

@@ -25,3 +25,16 @@ def test_nodes_ending_at_once_advance_it_by_one(etcd):
     for thread in threads:
         thread.join()
     assert results == [1] * 8 and generation.current(client, "job-c") == 1
+
+
+def test_a_run_that_ends_while_a_node_waits_is_told_from_one_closed_before_it_came(etcd):
+    client = EtcdClient(etcd.endpoint, 5)
+    assert generation.ended_after(client, "job-d", 0, wait_s=0.3) is None  # closed before: its move was lost
+    timer = threading.Timer(0.3, generation.advance, (client, "job-d", 0))  # the closing node moves it as it ends
+    timer.start()
+    try:
+        assert generation.ended_after(client, "job-d", 0, wait_s=10) == 1
+    finally:
+        timer.cancel()
+    assert generation.ended_after(client, "job-d", 0, wait_s=0) == 1  # moved already
+    assert generation.ended_after(client, "job-d", 1, wait_s=0) is None

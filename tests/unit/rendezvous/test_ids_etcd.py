@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from fixtures.etcd import meet
+from trainpod.launcher.resolve import Options, resolve_topology
 from trainpod.rendezvous import ids
 from trainpod.rendezvous.etcd_http import EtcdClient
-from trainpod.resolve import Options, resolve_topology
 
 JOBS = ("team/a", "team-a", "team a", "team_a")
 ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")

@@ -1,0 +1,33 @@
+"""Helpers for training scripts that use torch.distributed; imported by the examples, usable by yours."""
+
+from __future__ import annotations
+
+import time
+
+# How long the main thread gives up the GIL before tearing the process group down (see shutdown()).
+DRAIN_S = 0.2
+
+
+def shutdown(barrier: bool = True) -> None:
+    """Synchronise the ranks and tear down the default process group without hanging at exit.
+
+    gloo frees a finished collective on its own thread, and freeing tensors that Python owns
+    needs the GIL. If the main thread destroys the process group (directly, or by dropping the
+    DDP model that holds it) while still holding the GIL, the two wait for each other forever:
+    seen with torch 2.13 after all_gather_object. So: a barrier (every rank is done), a short
+    sleep (the GIL is free, gloo's thread finishes freeing), then destroy_process_group().
+    After an error pass barrier=False: the other ranks may never arrive. A no-op once shut down.
+    Past the barrier every rank is done: the agent is told (trainpod.train.progress.finished), so a
+    node that arrives to join the job now waits for the next run instead of restarting this one.
+    """
+    import torch.distributed as dist
+
+    from trainpod.train import progress
+
+    if not dist.is_initialized():
+        return
+    if barrier:
+        dist.barrier()
+        progress.finished()
+    time.sleep(DRAIN_S)
+    dist.destroy_process_group()

@@ -1,0 +1,385 @@
+"""In-process recovery, the rank's side: after a peer rank died, keep this process and re-form the group.
+
+With --recovery in-process (TRAINPOD_RECOVERY) every rank runs under a keeper (trainpod.agent.keeper): a
+small parent process that forks the rank, and when the rank is killed by a signal forks a
+replacement at once, with torch already imported, and counts a new *generation* in the workers'
+store (which the keeper of global rank 0 hosts, so that it outlives any rank). The ranks that are
+still alive see their collective fail; a script that uses this module then does not exit:
+
+    from trainpod.train import inprocess
+
+    inprocess.init_process_group("gloo")           # env:// at first; a replacement joins its generation
+    while True:
+        try:
+            train()                                  # builds DDP, restores the newest checkpoint, trains
+            break
+        except RuntimeError as error:                # a collective failed: a peer may have died
+            inprocess.recover(error)                 # re-raises it unless a replacement is coming
+
+Every rank also watches the store (_watch, a thread): once a keeper has counted the next generation, the
+rank shuts down its own connections in its group (_disconnect), so that a collective it waits in fails
+now even when no peer's failure reaches it (a send that waits on a live peer which has itself left).
+If this rank's main thread then stays where it was, idle, for STUCK_S (a collective that did not end), the
+watch ends the rank with SIGKILL and its keeper replaces it, as any dead rank (_recover_or_end).
+recover() first shuts down this rank's connections in the broken group, so that every peer's pending
+collective with it fails at once, then leaves the group without freeing it (_broken: the group is
+held from the moment it formed, so a script that destroyed it already cannot free it either), waits
+(RECOVERY_WAIT_S at most) for the keeper of the dead rank to count the next generation, and joins
+that generation's group together with the replacement (REFORM_TIMEOUT_S at most). Every rank first
+checks in at the generation in the store (_meet): when two ranks died about together, whoever sees the
+second count before all arrived moves every rank on to it, so that all form one group. train() then
+restores the state: HostCopy keeps the last checkpoint in this process's memory, and the
+replacement loads the same checkpoint from disk.
+Anything else (no keeper, no new generation because the error was no peer's death, a group that
+does not re-form) re-raises the original error: the rank exits, and the agent restarts the whole
+worker group from the checkpoint on disk, as without in-process recovery.
+
+A script that never calls init_process_group() here is not replaced in-process: its keeper lets a
+killed rank end as it would without one, and the agent restarts the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from trainpod.contract import INPROCESS_GENERATION_VAR
+
+GENERATION_KEY = "trainpod/inprocess/generation"  # in the workers' store: the newest generation counted
+COUNTED_KEY = "trainpod/inprocess/counted/{}"  # set by the keeper once it counted generation N: what _watch waits for
+RECOVERY_WAIT_S = 3.0  # after a failed collective, how long a new generation may take to be counted
+REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacement starts, loads its data)
+STUCK_S = 10.0  # after the watch left this rank's group: how long its main thread may stay where it was, idle
+_POLL_S = 0.005
+_WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
+
+_declared: Any = None  # set by trainpod.agent.keeper in the forked rank: a shared byte the rank sets to say it recovers
+_links: list[tuple[int, int]] = []  # (fd, socket inode) of this rank's connections to its group's peers
+_links_lock = threading.Lock()  # _links is shut down by the watch's thread too
+_watching: threading.Thread | None = None
+# This generation's group, held from the moment it formed: a script may destroy it before recover()
+# runs (the harness's train() does, in its `finally`), and then the failed step's objects (the DDP
+# model's reducer) hold its last reference.
+_group: Any = None
+# The groups given up on, kept from being freed: freeing a gloo group joins its threads, and one that
+# still has a collective's tensors to free needs the GIL, which the freeing thread holds (a hang seen
+# under load, trainpod.train.distributed.shutdown). Their connections are shut down (_disconnect); their
+# threads stay, idle: two per recovery.
+_broken: list[Any] = []
+
+
+def enabled() -> bool:
+    """Whether this rank runs under a keeper (trainpod.agent.keeper), so that a dead peer can be replaced in-process."""
+    return INPROCESS_GENERATION_VAR in os.environ
+
+
+def generation() -> int:
+    """The group generation this rank belongs to: 0 at the start, one more after each in-process recovery."""
+    return int(os.environ.get(INPROCESS_GENERATION_VAR, "0") or 0)
+
+
+def init_process_group(backend: str, device_id=None) -> None:
+    """torch.distributed.init_process_group for a rank started by torchrun: env:// in generation 0, the
+    generation's own group for a replacement. Also tells the keeper that this rank can recover in-process."""
+    import torch.distributed as dist
+
+    if not enabled():
+        dist.init_process_group(backend, device_id=device_id)
+        return
+    if _declared is not None:
+        _declared[0] = 1
+    if generation() == 0:
+        with _recording():
+            dist.init_process_group(backend, device_id=device_id)  # env://: the keeper made every rank a store client
+        _formed()
+    else:
+        try:
+            _join(generation(), backend, device_id)
+        except NotFormed as failed:  # a replacement has nothing else to do: the agent restarts the worker group
+            print(f"trainpod: rank {os.environ.get('RANK')}: no in-process recovery: {failed}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+    _watch()
+
+
+def recover(error: BaseException, backend: str | None = None, device_id=None) -> int:
+    """After `error` in a collective: re-form the group with the replacement of a dead rank and return
+    the new generation; re-raise `error` if this rank cannot (see the module docstring)."""
+    import torch.distributed as dist
+
+    from trainpod.train import distributed
+
+    if not enabled():
+        raise error
+    backend = backend or (dist.get_backend() if dist.is_initialized() else "gloo")
+    _disconnect()
+    _give_up()
+    distributed.shutdown(barrier=False)
+    _release(error)
+    current, deadline = generation(), time.monotonic() + RECOVERY_WAIT_S
+    try:
+        store = _store(RECOVERY_WAIT_S)
+        newest = int(store.add(GENERATION_KEY, 0))
+        while newest <= current:
+            if time.monotonic() >= deadline:
+                raise error  # no rank died (or none could be replaced): the agent restarts the group
+            time.sleep(_POLL_S)
+            newest = int(store.add(GENERATION_KEY, 0))
+    except (RuntimeError, OSError) as lost:
+        if lost is error:
+            raise
+        raise error from None  # the store went with rank 0's keeper (its node): the agent decides
+    os.environ[INPROCESS_GENERATION_VAR] = str(newest)
+    try:
+        return _join(newest, backend, device_id, store)
+    except Exception as failed:  # the replacement did not come (or another rank died meanwhile)
+        print(f"trainpod: rank {os.environ.get('RANK')}: no in-process recovery: {failed}", file=sys.stderr, flush=True)
+        distributed.shutdown(barrier=False)
+        raise error from None
+
+
+def _formed() -> None:
+    global _group
+    import torch.distributed as dist
+
+    _group = dist.group.WORLD
+
+
+def _give_up() -> None:
+    """Keep this generation's group from ever being freed (see _broken), whether or not the script destroyed it."""
+    global _group
+    if _group is not None:
+        _broken.append(_group)
+        _group = None
+
+
+def _disconnect(of: int | None = None) -> None:
+    """Shut down this rank's connections in its group (only while it is generation `of`, when given). A
+    peer's collective that waits on this rank then fails at once, as does any of this rank's own still
+    running on gloo's threads: no rank waits for the group's timeout (30 min in generation 0) to learn
+    that the group is given up."""
+    with _links_lock:
+        if of is not None and generation() != of:
+            return  # this rank recovered meanwhile: _links are its new group's
+        current = _sockets()
+        for fd, inode in _links:
+            if current.get(fd) != inode:
+                continue  # closed already (the number may be another socket's now)
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as link:
+                link.shutdown(socket.SHUT_RDWR)  # the socket, not this descriptor: gloo's own one sees it too
+        _links.clear()
+
+
+def _watch() -> None:
+    """Start (once per process) the thread that leaves each generation's group as soon as a keeper counted
+    the next one: a rank blocked in a collective then fails it and recovers (see the module docstring)."""
+    global _watching
+    if _watching is None:
+        _watching = threading.Thread(target=_watch_generations, name="trainpod-inprocess-watch", daemon=True)
+        _watching.start()
+
+
+def _watch_generations() -> None:
+    try:
+        store = _store(_WATCH_WAIT_S)  # its own client: a store client serves one thread at a time
+    except (RuntimeError, OSError):
+        return  # no store (it went with rank 0's keeper): the ranks' own errors decide
+    while True:
+        watched, began = generation(), time.monotonic()
+        try:
+            store.wait([COUNTED_KEY.format(watched + 1)], timedelta(seconds=_WATCH_WAIT_S))
+        except (RuntimeError, OSError):
+            if time.monotonic() - began < _WATCH_WAIT_S:
+                return  # the store is gone, not a wait that timed out
+            continue
+        _disconnect(of=watched)
+        _recover_or_end(watched)
+
+
+def _recover_or_end(watched: int) -> None:
+    """Wait until this rank has recovered (or ended); end it (SIGKILL, so that its keeper replaces it) if its
+    main thread stays where it was when the group was given up, idle, for STUCK_S: in a collective that the
+    connections shut down did not end. (Seen under load: DDP's finalize_backward waiting for a bucket's
+    allreduce, while every other rank waited at the next generation.) A main thread that computes there (a
+    long backward pass), or has moved on (its collective failed: to recover()), is let be."""
+    main = threading.main_thread()
+    stuck_at, cpu, since = _where(main), _cpu_s(main.native_id), time.monotonic()
+    while generation() == watched:  # until this rank recovered (or ended)
+        time.sleep(0.05)
+        if stuck_at is None or _where(main) != stuck_at:
+            stuck_at = None  # it moved on
+        elif time.monotonic() - since >= STUCK_S:
+            if _cpu_s(main.native_id) - cpu < 0.05 * STUCK_S and generation() == watched:
+                print(f"trainpod: rank {os.environ.get('RANK')}: still idle in {stuck_at[2]} {STUCK_S:g}s after its "
+                      "group was given up: the rank ends, and its keeper replaces it", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            cpu, since = _cpu_s(main.native_id), time.monotonic()
+
+
+def _where(thread: threading.Thread) -> tuple[int, int, str] | None:
+    """Where `thread` is: its innermost Python frame (identity, instruction, and `function (file:line)`)."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return None
+    return id(frame), frame.f_lasti, f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
+
+
+def _cpu_s(tid: int | None) -> float:
+    """The CPU seconds thread `tid` of this process has used (0.0 if unknown)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[None]:
+    """Keep the TCP connections that the group made while this block ran (not the store's: MASTER_PORT)."""
+    before = set(_sockets().values())
+    yield
+    store_port = int(os.environ.get("MASTER_PORT", "0") or 0)
+    with _links_lock:
+        _links[:] = [(fd, inode) for fd, inode in _sockets().items() if inode not in before and _is_link(fd, store_port)]
+
+
+def _sockets() -> dict[int, int]:
+    """This process's sockets: fd -> inode."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if target.startswith("socket:["):
+                    found[int(name)] = int(target[len("socket:["):-1])
+    return found
+
+
+def _is_link(fd: int, store_port: int) -> bool:
+    """Whether `fd` is a connected TCP socket that is neither end of a store connection (a listener, a
+    Unix socket, the store are not)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as link:
+            if link.family not in (socket.AF_INET, socket.AF_INET6) or link.type != socket.SOCK_STREAM:
+                return False
+            return store_port not in (link.getpeername()[1], link.getsockname()[1])
+    except OSError:
+        return False
+
+
+def _release(error: BaseException) -> None:
+    """Free what the failed step held: clear its frames (a DDP model, the collective's work) and collect
+    them. (Neither destroying nor aborting a gloo group closes its connections in torch 2.13, and freeing
+    it would: _disconnect shuts them down instead, and the group itself is kept, _broken.)"""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+    gc.collect()
+
+
+def gist(error: BaseException) -> str:
+    """The first sentence of a collective's error, without gloo's source location: "Read error [10.0.0.2]:4711:
+    Connection reset by peer"."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". ")[0][:200]
+
+
+def _store(timeout_s: float):
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
+def _join(number: int, backend: str, device_id, store=None) -> int:
+    """Form the group of generation `number`, or of a newer one that every rank meets at (_meet); return it."""
+    import torch.distributed as dist
+
+    store = store if store is not None else _store(REFORM_TIMEOUT_S)
+    store.set_timeout(timedelta(seconds=REFORM_TIMEOUT_S))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    number = _meet(store, number, rank, world, time.monotonic() + REFORM_TIMEOUT_S)
+    os.environ[INPROCESS_GENERATION_VAR] = str(number)
+    with _recording():
+        dist.init_process_group(backend, store=dist.PrefixStore(f"trainpod/inprocess/{number}", store), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=REFORM_TIMEOUT_S), device_id=device_id)
+    # Formed: from now on its collectives wait as long as generation 0's (torch's default for the backend, as
+    # env:// gave it), not REFORM_TIMEOUT_S, which bounds only the forming. A re-formed group whose collectives
+    # timed out after 60 s ended a recovered job at the first longer wait (a slow checkpoint or evaluation on
+    # one rank): a timer that the recovery started (issue 29).
+    c10d = dist.distributed_c10d
+    c10d._set_pg_timeout(c10d._get_default_timeout(backend))
+    _formed()
+    return number
+
+
+def _meet(store, number: int, rank: int, world: int, deadline: float) -> int:
+    """Check in at generation `number` and wait until all `world` ranks have; return the generation they meet at.
+
+    Two ranks that die about together are counted as two generations, and their replacements and the
+    survivors may each have seen either first: whoever sees a newer generation counted before the last
+    rank arrived gives this one up, and every rank moves on to the newest. Which of the two happened
+    first (the last arrival, or giving up) is decided once, in the store (compare_set), so that no rank
+    forms a group that the others left."""
+    while True:
+        meeting = f"trainpod/inprocess/meeting/{number}"
+        store.set(f"{meeting}/rank{rank}", "")
+        if int(store.add(f"{meeting}/arrived", 1)) >= world:  # the last to arrive (one that arrived may have died since)
+            newer = int(store.add(GENERATION_KEY, 0)) > number
+            store.compare_set(f"{meeting}/outcome", "", "left" if newer else "formed")
+        while True:
+            outcome = store.compare_set(f"{meeting}/outcome", "", "")  # b"" while undecided (a read)
+            newest = int(store.add(GENERATION_KEY, 0))
+            if outcome == b"" and newest > number:
+                outcome = store.compare_set(f"{meeting}/outcome", "", "left")
+            if outcome == b"formed":
+                return number
+            if outcome == b"left" and newest > number:
+                number = newest
+                break
+            if time.monotonic() >= deadline:
+                missing = [r for r in range(world) if not store.check([f"{meeting}/rank{r}"])]
+                raise NotFormed(f"generation {number} did not form within {REFORM_TIMEOUT_S:g}s: rank(s) "
+                                f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} did not come")
+            time.sleep(_POLL_S)
+
+
+class NotFormed(RuntimeError):
+    """A generation's group did not form in time (a rank did not come): the agent restarts the worker group."""
+
+
+class HostCopy:
+    """The last checkpoint's state, kept in this process's memory (tensors on the CPU), so that a survivor
+    of an in-process recovery restores it without reading the disk. The disk stays the source of truth:
+    use the copy only when its step is the newest checkpoint there (trainpod.examples.harness)."""
+
+    def __init__(self):
+        self.step: int | None = None
+        self.state: Any = None
+
+    def keep(self, step: int, state: Any) -> None:
+        from trainpod.train.checkpoint.snapshot import Snapshot
+
+        self.state = Snapshot(self.state).take(state)  # the previous copy's buffers are reused
+        self.step = step
+
+    def restore(self) -> Any:
+        """A fresh copy of the kept state: load_state_dict may keep the tensors it is given (an optimizer's
+        state on the same device is not copied), and training would then change the kept copy."""
+        from trainpod.train.checkpoint.snapshot import Snapshot
+
+        return Snapshot().take(self.state)

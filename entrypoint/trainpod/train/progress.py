@@ -1,0 +1,186 @@
+"""Each rank's progress, as its agent sees it: the last step it finished and the last one committed.
+
+    import trainpod.train.progress
+    for step in ...:
+        train_one_step()
+        trainpod.train.progress.step(step)          # one call per step, any script
+
+The bundled examples call it, and so does trainpod.train.checkpoint when a checkpoint is committed
+(`committed(step)`), so scripts that use trainpod's checkpoints report without this call. The
+agent reads it to tell a stuck job from a slow one, and a restart after progress from a crash loop.
+trainpod.train.distributed.shutdown() reports `finished()` once every rank reached it: the job's
+training is over, so the agent no longer restarts the group for a node that arrives to join it
+(trainpod.agent.policy).
+
+How: torchrun's launch plan sets TRAINPOD_PROGRESS_DIR; each rank overwrites one fixed-width
+line in `<dir>/rank<LOCAL_RANK>` (one pwrite, no fsync: only processes on this node read it, and
+a lost update after a crash of the host does not matter). Without the variable (a script run
+outside trainpod) every call is a no-op.
+
+A rank that reports also helps the agent read its stack when the agent hangs on it
+(trainpod.agent.hang): where Yama restricts ptrace to ancestors it names the agent as its tracer
+(prctl PR_SET_PTRACER), and a daemon thread answers dump requests on `<dir>/rank<LOCAL_RANK>.dump`
+(a FIFO) with faulthandler's dump of every thread and torch's flight recorder, no ptrace needed
+(trainpod.agent.stacks). The thread sleeps in open() until a request comes.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainpod.contract import AGENT_PID_VAR, PROGRESS_DIR_VAR
+
+__all__ = ["Record", "committed", "finished", "read", "step"]
+
+PR_SET_PTRACER = 0x59616D61
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+_FORMAT = "{step:20d} {committed:20d} {time:20.3f} {finished:1d}\n"  # fixed width: an overwrite never leaves a tail
+_RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0, finished=0))
+
+
+@dataclass(frozen=True)
+class Record:
+    step: int  # the last step this rank finished (-1: none reported yet)
+    committed: int  # the last step whose checkpoint was committed (-1: none)
+    time: float  # time.time() of the last report
+    finished: bool = False  # the script's training is over on every rank (finished()); it is tearing down
+
+
+class _Reporter:
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._pid: int | None = None
+        self.step = -1
+        self.committed = -1
+        self.finished = False
+
+    def report(self) -> None:
+        if self._pid != os.getpid():  # first call, or a forked child (a DataLoader worker): its own state
+            self._open()
+        if self._fd is not None:
+            line = _FORMAT.format(step=self.step, committed=self.committed, time=time.time(), finished=self.finished)
+            os.pwrite(self._fd, line.encode(), 0)
+
+    def _open(self) -> None:
+        self._pid = os.getpid()
+        self._fd = None
+        directory = os.environ.get(PROGRESS_DIR_VAR)
+        if not directory:
+            return
+        local_rank = os.environ.get("LOCAL_RANK", "0")
+        try:
+            self._fd = os.open(Path(directory) / f"rank{local_rank}", os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError:
+            self._fd = None  # progress is advisory: training must not fail for it
+            return
+        allow_agent_to_trace()
+        fifo = Path(directory) / f"rank{local_rank}.dump"
+        threading.Thread(target=_serve_dumps, args=(fifo,), name="trainpod-progress-dumps", daemon=True).start()
+
+
+def allow_agent_to_trace(scope_file: str = YAMA_SCOPE) -> bool:
+    """Where Yama allows ptrace only of descendants (ptrace_scope 1), name the agent as this
+    process's tracer, so that its py-spy (the agent's child) may read this rank's stack."""
+    agent = os.environ.get(AGENT_PID_VAR, "")
+    try:
+        with open(scope_file) as f:
+            scope = f.read().strip()
+    except OSError:
+        return False  # no Yama: the same uid is enough
+    if scope != "1" or not agent.isdigit():
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, int(agent), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _serve_dumps(fifo: Path) -> None:
+    """Answer the agent's dump requests (trainpod.agent.stacks.request) until the process ends."""
+    try:
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo, 0o600)
+    except OSError:
+        return
+    while True:
+        try:
+            with open(fifo, "rb") as f:  # blocks, without the GIL, until the agent opens it
+                text = f.read()
+        except OSError:
+            return
+        try:
+            dump(json.loads(text or b"{}"))
+        except Exception as exc:  # a dump must never take the rank down
+            print(f"trainpod: rank {os.environ.get('RANK', '?')}: dump request failed: {exc}", file=sys.stderr, flush=True)
+
+
+def dump(what: dict) -> None:
+    """Write what the request asks for: `stack` (faulthandler, every thread, with a first line naming
+    the main thread) and `flight_recorder` (torch's, as its fr_trace analyser reads it)."""
+    if what.get("stack"):
+        path = Path(what["stack"])
+        with open(path.with_suffix(".tmp"), "w") as f:
+            f.write(f"main thread 0x{threading.main_thread().ident:016x}\n")
+            f.flush()
+            faulthandler.dump_traceback(f, all_threads=True)
+        os.replace(path.with_suffix(".tmp"), path)
+    buffer = os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")).strip()
+    if what.get("flight_recorder") and "torch.distributed" in sys.modules and buffer != "0":
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        path = Path(what["flight_recorder"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Without the collectives' stack traces: symbolising them imports torch._dynamo (seconds);
+        # the agent reads the stacks itself.
+        path.with_suffix(".tmp").write_bytes(_dump_fr_trace(includeStackTraces=False))
+        os.replace(path.with_suffix(".tmp"), path)
+
+
+_reporter = _Reporter()
+
+
+def step(n: int) -> None:
+    """This rank finished step `n`. Cheap (one pwrite); call it after every step, on every rank."""
+    _reporter.step = int(n)
+    _reporter.report()
+
+
+def committed(n: int) -> None:
+    """The checkpoint of step `n` is committed (durable). trainpod.train.checkpoint calls it for you."""
+    _reporter.committed = int(n)
+    _reporter.report()
+
+
+def finished() -> None:
+    """Every rank of the group is past its last collective (trainpod.train.distributed.shutdown() calls it after its
+    barrier): the group ends on its own, so the agent does not restart it for a node that arrives now."""
+    _reporter.finished = True
+    _reporter.report()
+
+
+def read(directory: str | os.PathLike) -> dict[int, Record]:
+    """Local rank -> its last report, for every rank that reported (the agent's side)."""
+    records: dict[int, Record] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return records
+    for name in names:
+        if not (name.startswith("rank") and name[4:].isdigit()):
+            continue
+        try:
+            with open(Path(directory) / name, "rb") as f:
+                fields = f.read(_RECORD_BYTES).split()
+            records[int(name[4:])] = Record(int(fields[0]), int(fields[1]), float(fields[2]), fields[3:4] == [b"1"])
+        except (OSError, ValueError, IndexError):
+            continue  # being written for the first time: read it at the next look
+    return records

@@ -1,0 +1,107 @@
+import re
+
+import pytest
+
+from fixtures.pai_runtime import pai_environment
+from trainpod.errors import ConfigError, UsageError
+from trainpod.launcher.resolve import Options, resolve_topology
+
+
+def resolve(env, **flags):
+    return resolve_topology(Options(**flags), env, resolve_names=False)
+
+
+def test_nothing_set_is_a_single_node():
+    topology = resolve({})
+    assert (topology.source, topology.nnodes, topology.node_rank, topology.master_addr) == ("single", 1, 0, "127.0.0.1")
+    assert (topology.backend, topology.nproc_per_node, topology.interface) == ("gloo", 1, "lo")
+
+
+def test_pai_wins_over_leftover_torchrun_variables():
+    env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "MASTER_ADDR": "elsewhere"}
+    assert resolve(env).source == "pai"
+
+
+def test_source_can_be_forced():
+    env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "MASTER_ADDR": "10.0.0.5"}
+    assert resolve(env, source="torchrun").master_addr == "10.0.0.5"
+    assert resolve({**env, "TRAINPOD_SOURCE": "torchrun"}).source == "torchrun"
+
+
+def test_visible_gpus_set_processes_and_backend():
+    topology = resolve({"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    assert (topology.nproc_per_node, topology.backend) == (3, "nccl")
+
+
+def test_nproc_precedence():
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "TRAINPOD_NPROC_PER_NODE": "1", "PET_NPROC_PER_NODE": "5"}
+    assert resolve(env).nproc_per_node == 1
+    assert resolve(env, nproc_per_node=2).nproc_per_node == 2
+    assert resolve({"PET_NPROC_PER_NODE": "auto", "CUDA_VISIBLE_DEVICES": "0,1"}).nproc_per_node == 2
+
+
+def test_nccl_without_gpus_is_refused():
+    with pytest.raises(UsageError, match="--backend=nccl"):
+        resolve({}, backend="nccl")
+    with pytest.raises(ConfigError, match="TRAINPOD_BACKEND=nccl"):
+        resolve({"TRAINPOD_BACKEND": "nccl"})
+
+
+def test_user_interface_is_kept():
+    topology = resolve({"GLOO_SOCKET_IFNAME": "lo"})
+    assert topology.interface == "lo" and topology.origins["interface"] == "GLOO_SOCKET_IFNAME"
+
+
+def test_the_interface_variable_is_the_backends_and_checked_in_its_syntax():
+    with pytest.raises(ConfigError, match=r"^GLOO_SOCKET_IFNAME='nonexist0': no such interface here \(have: .*lo"):
+        resolve({"GLOO_SOCKET_IFNAME": "nonexist0"})
+    # On the CPU (gloo) NCCL's variable is not used, so neither checked nor copied: the route decides.
+    topology = resolve({"NCCL_SOCKET_IFNAME": "nonexist0"})
+    assert (topology.interface, topology.origins["interface"]) == ("lo", "auto")
+    assert topology.warnings == ("NCCL_SOCKET_IFNAME='nonexist0' is ignored: the backend is gloo, which reads GLOO_SOCKET_IFNAME; "
+                                 "trainpod picks GLOO_SOCKET_IFNAME itself and leaves NCCL_SOCKET_IFNAME as it is",)
+    gpus = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    for value in ("l", "^docker", "=lo", "lo,eth", "^=docker0"):  # NCCL's prefixes, exclusions and exact names
+        topology = resolve({**gpus, "NCCL_SOCKET_IFNAME": value, "GLOO_SOCKET_IFNAME": "bogus"})
+        assert (topology.interface, topology.origins["interface"], topology.warnings) == (value, "NCCL_SOCKET_IFNAME", ())
+    for value in ("=l", "nonexist", "^l,e,d,i,w,v,t,b,s,p,w,a,c,x,y,z,n,m,g,f,o,h,j,k,q,r,u"):
+        with pytest.raises(ConfigError, match=re.escape(f"NCCL_SOCKET_IFNAME={value!r}: NCCL reads it as")):
+            resolve({**gpus, "NCCL_SOCKET_IFNAME": value})
+
+
+def test_several_sources_or_disagreeing_variables_are_one_warning():
+    env = {**pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1}), "MASTER_ADDR": "10.0.0.5", "NNODES": "2"}
+    assert resolve(env).warnings == ("several cluster sources are set: using pai (the first source that detects); "
+                                     "ignoring torchrun's NNODES, MASTER_ADDR",)
+    assert resolve({**env, "NODE_RANK": "1"}, source="torchrun").warnings == ("several cluster sources are set: using --source torchrun; "
+                                                         "ignoring pai's PAI_CURRENT_TASK_ROLE_NAME",)
+    assert resolve({"MASTER_ADDR": "10.0.0.5"}).warnings == ()
+
+
+def test_unknown_interface_flag():
+    with pytest.raises(UsageError, match="--interface='nope0'"):
+        resolve({}, interface="nope0")
+
+
+def test_dns_master_is_left_for_run_time_without_network_io():
+    topology = resolve({"MASTER_ADDR": "master.invalid", "NNODES": "2", "NODE_RANK": "1"})
+    assert topology.interface is None and "run time" in topology.interface_reason
+
+
+def test_pai_explain_keys():
+    env = pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1})
+    data = resolve(env).to_dict()
+    for key in ("source", "nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr", "master_port", "backend", "interface"):
+        assert key in data
+    assert data["world_size"] == 2
+
+
+@pytest.mark.parametrize("env", [
+    {"TRAINPOD_NNODES": "2:4", "TRAINPOD_RDZV_ENDPOINT": "10.0.0.1:29400"},  # elastic
+    {"TRAINPOD_NNODES": "3", "TRAINPOD_RDZV_ENDPOINT": "10.0.0.1:29400"},  # fixed size, the store at an endpoint
+])
+def test_with_nothing_else_set_a_multi_node_c10d_jobs_rendezvous_numbers_the_nodes(env):
+    # Not the single source's node 0 for every node: torch picks the store's host by its address.
+    topology = resolve(env)
+    assert (topology.source, topology.node_rank) == ("single", None)
+    assert topology.origins["node_rank"].startswith("the c10d rendezvous")
