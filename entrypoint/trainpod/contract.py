@@ -41,6 +41,7 @@ OUTCOME_FILE = "outcome.json"  # in the supervisor's directory: the code run_sup
 STOP_SIGNAL_FILE = "stop-signal"  # in the supervisor's directory: the signal run_supervised passed on
 LOCK_FILE = ".trainpod-job.lock"  # in each output and checkpoint directory (trainpod.supervisor.dirlock)
 HANGS_DIR = "hangs"  # under the output directory: the stacks of a hang
+STRAGGLERS_FILE = "stragglers.jsonl"  # under the output directory: the straggler watch's events
 PROGRESS_DIR = "progress"  # in the supervisor's directory: the ranks' progress files (it outlives an agent)
 
 # --- exit codes ----------------------------------------------------------------------------------

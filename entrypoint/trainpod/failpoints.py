@@ -14,7 +14,9 @@ forks for an in-process recovery's generation GENERATION (trainpod.agent.keeper)
 replacement that cannot start would: not a SIGKILL, and no marker (a keeper forks it once).
 `crash@STEP`: a bundled example's rank raises at the end of step STEP every time it gets there (no
 marker): a node whose ranks always fail the same way, set on that node alone (trainpod.agent.policy
-leaves such a node out of an elastic job).
+leaves such a node out of an elastic job). `slow@STEP`: from step STEP on, a bundled example's rank
+does each step's own work twice as long (it sleeps as long as the step's forward and backward took, before
+them): a straggler, set on one node alone (trainpod.agent.stragglers names it).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from trainpod.contract import FAILPOINTS_VAR
 from trainpod.errors import ConfigError
 
-POINTS = ("checkpoint-write", "replacement", "crash")
+POINTS = ("checkpoint-write", "replacement", "crash", "slow")
 
 
 def armed(environ=os.environ) -> dict[str, set[int]]:
@@ -72,3 +75,9 @@ def crash(step: int) -> None:
     """Raise Crash if `crash@STEP` is armed at `step` (every time: no marker)."""
     if step in armed().get("crash", ()):
         raise Crash(f"failpoint crash@{step}")
+
+
+def slow(step: int, seconds: float) -> None:
+    """Sleep `seconds` (the caller's last forward and backward) if `slow@FROM` is armed with FROM <= `step`."""
+    if seconds > 0 and any(step >= first for first in armed().get("slow", ())):
+        time.sleep(seconds)

@@ -489,7 +489,12 @@ HANG_TIMEOUT = Setting(
     "group as a failure (124 when no restart is left); where every rank reports its steps, the job's pace bounds it "
     "sooner: max(8 s, 5 x the slowest rank's median step); 0 turns the watch off", Number(minimum=0),
     var="TRAINPOD_HANG_TIMEOUT", default=120.0)
-HANGS = (HANG_TIMEOUT,)
+STRAGGLER_WINDOW = Setting(
+    "straggler_window", "seconds a rank's own work per step (trainpod.train.progress.measure: the bundled examples "
+    "call it) must stay at least 1.3 times the other ranks' median before the agent names it a straggler, in its log "
+    "and in TRAINPOD_OUTPUT_DIR/stragglers.jsonl (and again when it keeps pace); 0 turns the watch off",
+    Number(minimum=0), var="TRAINPOD_STRAGGLER_WINDOW", default=60.0)
+HANGS = (HANG_TIMEOUT, STRAGGLER_WINDOW)
 
 WARM_START = Setting(
     "warm_start", "fork every rank, at the start and at each restart, from one process per node that imported torch "

@@ -38,7 +38,7 @@ import signal
 import sys
 
 from trainpod import log
-from trainpod.agent import hang, hangwatch, policy, ranklog
+from trainpod.agent import hang, hangwatch, policy, ranklog, stragglerwatch
 from trainpod.contract import AGENT_PID_VAR, PROGRESS_DIR_VAR, RDZV_BASE_ID_VAR, RDZV_GENERATION_VAR
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError
 from trainpod.rendezvous import node_order
@@ -172,16 +172,19 @@ def _report(failures, say: log.Log) -> None:
         say(f"rank {rank} (local rank {failure.local_rank}) {policy.describe_failure(failure)}")
 
 
-def _install_agent_class(say: log.Log, run: RunSpec, watch: hangwatch.Watch | None = None, hosts_store: bool = False) -> None:
+def _install_agent_class(say: log.Log, run: RunSpec, watch: hangwatch.Watch | None = None, hosts_store: bool = False,
+                         stragglers: stragglerwatch.StragglerWatch | None = None) -> None:
     """Make torchrun's launcher build our agent: torch offers no hook for the changes it makes."""
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    class Agent(policy.AgentPolicy, hangwatch.WatchedAgent, LocalElasticAgent):
+    class Agent(policy.AgentPolicy, hangwatch.WatchedAgent, stragglerwatch.StragglerAgent, LocalElasticAgent):
         """torchrun's agent with trainpod's restart policy, stop key and orphan guard (trainpod.agent.policy),
-        which sees a hung worker group (trainpod.agent.hangwatch) as a failed one."""
+        which sees a hung worker group (trainpod.agent.hangwatch) as a failed one and names a straggler
+        (trainpod.agent.stragglerwatch)."""
 
         hang_watch = watch
+        straggler_watch = stragglers
         would_host_store = hosts_store
         run_spec = run
 
@@ -305,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[PROGRESS_DIR_VAR] = policy.progress_dir()
     os.environ.update(hang.pipe_env(os.environ[PROGRESS_DIR_VAR], os.environ))
     watch = hangwatch.Watch.wanted(run_spec.hang_timeout, node, say)  # --hang-timeout, None when 0
+    stragglers = stragglerwatch.StragglerWatch.wanted(run_spec.straggler_window, node, say, os.environ)
     # A rank's stdout is a file (torchrun's tee), which Python buffers in blocks of 8 KiB: `python train.py` (a
     # command, not an example: those run -u) showed its lines when the job ended, wherever trainpod's output went.
     # Unbuffered, each line reaches the file when printed, and the tee copies it on. The user's own value stands.
@@ -321,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         say(f"error: {bad}")
         return EXIT_CONFIG
-    _install_agent_class(say, run_spec, watch, _would_host_c10d_store(args))
+    _install_agent_class(say, run_spec, watch, _would_host_c10d_store(args), stragglers)
     ranklog.install()  # the ranks' lines whole, a script's error once (torch's tail_logfile replaced)
     code, signalled = _run(run, args, say)
     # torch's launcher closed the rendezvous (it does at any end but a signal); a signal that ended a

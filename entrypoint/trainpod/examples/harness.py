@@ -477,6 +477,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
             raise ConfigError(f"{recipe.name} runs as one process (DataParallel), but the world has {world}: "
                               "launch it with --nproc-per-node 1 on one node, or use cifar10-ddp")
         model = wrap(recipe.model(args, data, path).to(device), recipe, device)
+        progress.measure(model)  # each step's own work, for the agent's straggler watch
         optimizer = path.optimizer(args.optimizer, model.parameters(), args.lr)
         loss_fn = nn.CrossEntropyLoss()
         feed = ElasticFeed(data.train, world, rank, args.seed) if recipe.elastic else None
@@ -518,6 +519,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
         preemption = Preemption(grace)
         training_started = time.time()
         saved_step = step  # the last step whose state is checkpointed (and whose ledger is committed)
+        own_work = 0.0  # seconds of the last forward and backward (failpoints.slow doubles them)
         for epoch in range(first_epoch, args.epochs + 1):
             if step >= total_steps:  # resumed from the last step's checkpoint
                 break
@@ -530,11 +532,14 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
                     delivered = len(labels)
                     trained = delivered * world  # DDP keeps ranks in step and the sampler gives every rank equal batches
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                failpoints.slow(step + 1, own_work)  # a test's straggler (TRAINPOD_FAILPOINTS=slow@STEP)
+                began = time.perf_counter()
                 # No keyword: Apex's fused optimizers take none (both set the gradients to None).
                 optimizer.zero_grad()
                 with path.autocast():
                     batch_loss = loss_fn(model(images), labels) * loss_scale
                 scaler.scale(batch_loss).backward()
+                own_work = time.perf_counter() - began
                 scaler.unscale_(optimizer)  # the clipping must see the true gradients, not scaled ones
                 nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
                 scaler.step(optimizer)  # skips the step if the scaled gradients overflowed

@@ -12,6 +12,16 @@ trainpod.train.distributed.shutdown() reports `finished()` once every rank reach
 training is over, so the agent no longer restarts the group for a node that arrives to join it
 (trainpod.agent.policy).
 
+    trainpod.train.progress.measure(ddp_model)   # once, after wrapping the model: each step's own work
+
+In a synchronous job every rank's step lasts as long as the slowest rank's, so step times cannot
+name a straggler. `measure` times what a rank spends on its own work in each step: from the end of
+the previous step to the moment its last gradient is computed, before it waits for the others'
+(a hook on each parameter: PyTorch's post-accumulate-grad hook; CUDA events where the gradients
+are on a GPU, whose work runs behind the CPU). `step()` reports it (`Record.busy`), and the
+agent's straggler watch compares the ranks (trainpod.agent.stragglers). Without it `busy` is 0 and
+no rank is judged.
+
 How: torchrun's launch plan sets TRAINPOD_PROGRESS_DIR; each rank overwrites one fixed-width
 line in `<dir>/rank<LOCAL_RANK>` (one pwrite, no fsync: only processes on this node read it, and
 a lost update after a crash of the host does not matter). Without the variable (a script run
@@ -37,12 +47,13 @@ from pathlib import Path
 
 from trainpod.contract import AGENT_PID_VAR, PROGRESS_DIR_VAR
 
-__all__ = ["Record", "committed", "finished", "read", "step"]
+__all__ = ["Record", "committed", "finished", "measure", "read", "step"]
 
 PR_SET_PTRACER = 0x59616D61
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
-_FORMAT = "{step:20d} {committed:20d} {time:20.3f} {finished:1d}\n"  # fixed width: an overwrite never leaves a tail
-_RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0, finished=0))
+# Fixed width: an overwrite never leaves a tail.
+_FORMAT = "{step:20d} {committed:20d} {time:20.3f} {finished:1d} {busy:14.6f}\n"
+_RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0, finished=0, busy=0.0))
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,7 @@ class Record:
     committed: int  # the last step whose checkpoint was committed (-1: none)
     time: float  # time.time() of the last report
     finished: bool = False  # the script's training is over on every rank (finished()); it is tearing down
+    busy: float = 0.0  # seconds of this rank's own work in its last step (measure()); 0: not measured
 
 
 class _Reporter:
@@ -60,12 +72,14 @@ class _Reporter:
         self.step = -1
         self.committed = -1
         self.finished = False
+        self.busy = 0.0
 
     def report(self) -> None:
         if self._pid != os.getpid():  # first call, or a forked child (a DataLoader worker): its own state
             self._open()
         if self._fd is not None:
-            line = _FORMAT.format(step=self.step, committed=self.committed, time=time.time(), finished=self.finished)
+            line = _FORMAT.format(step=self.step, committed=self.committed, time=time.time(), finished=self.finished,
+                                busy=min(self.busy, 9_999_999.0))
             os.pwrite(self._fd, line.encode(), 0)
 
     def _open(self) -> None:
@@ -145,13 +159,74 @@ def dump(what: dict) -> None:
         os.replace(path.with_suffix(".tmp"), path)
 
 
+class _Compute:
+    """When this rank's last gradient of the step was computed: a post-accumulate-grad hook on every parameter.
+    The last hook of a step marks the end of the rank's own work; what follows is waiting for the others."""
+
+    def __init__(self) -> None:
+        self.handles: list = []
+        self.began = 0.0  # time.perf_counter() at the end of the previous step
+        self.ready = 0.0  # ... when the last gradient so far was computed (CPU)
+        self.began_event = None  # CUDA: the same two points, as events on the gradients' stream
+        self.ready_event = None
+        self.stream = None
+        self.last = 0.0  # the last measured step's seconds (CUDA: kept while the newest is still running)
+
+    def watch(self, model) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in model.parameters() if p.requires_grad]
+        self.began, self.ready, self.last = time.perf_counter(), 0.0, 0.0
+        self.began_event = self.ready_event = self.stream = None
+        cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
+        if cuda is not None:
+            import torch
+
+            self.began_event = torch.cuda.Event(enable_timing=True)
+            self.ready_event = torch.cuda.Event(enable_timing=True)
+            self.stream = torch.cuda.current_stream(cuda)
+            self.began_event.record(self.stream)
+
+    def _ready(self, param) -> None:
+        # Autograd's thread; runs once per parameter per step, so it does as little as it can.
+        if self.ready_event is not None:
+            self.ready_event.record()  # the last record of the step wins: the stream's position after its last gradient
+        else:
+            self.ready = time.perf_counter()
+
+    def take(self) -> float:
+        """Seconds of the step just ended (0.0 before measure()); the start of the next one."""
+        if not self.handles:
+            return 0.0
+        if self.ready_event is not None:
+            # The GPU may still be on this step: read a finished one, never wait for it (that would cost the step).
+            if self.ready_event.query() and self.began_event.query():
+                self.last = max(self.began_event.elapsed_time(self.ready_event) / 1000.0, 0.0)
+            self.began_event.record(self.stream)
+            return self.last
+        now = time.perf_counter()
+        if self.ready > self.began:  # a gradient was computed this step (not so in a step skipped before backward)
+            self.last = self.ready - self.began
+        self.began = now
+        return self.last
+
+
 _reporter = _Reporter()
+_compute = _Compute()
 
 
 def step(n: int) -> None:
     """This rank finished step `n`. Cheap (one pwrite); call it after every step, on every rank."""
     _reporter.step = int(n)
+    _reporter.busy = _compute.take()
     _reporter.report()
+
+
+def measure(model) -> None:
+    """Report this rank's own work per step with each step() (the DDP model, or the module it wraps), so the agent can
+    name a rank slower than the others (trainpod.agent.stragglers). Call once after the model is built; calling it
+    again (a new model) replaces the hooks. Costs a Python call per parameter per step."""
+    _compute.watch(model)
 
 
 def committed(n: int) -> None:
@@ -180,7 +255,8 @@ def read(directory: str | os.PathLike) -> dict[int, Record]:
         try:
             with open(Path(directory) / name, "rb") as f:
                 fields = f.read(_RECORD_BYTES).split()
-            records[int(name[4:])] = Record(int(fields[0]), int(fields[1]), float(fields[2]), fields[3:4] == [b"1"])
+            busy = float(fields[4]) if len(fields) > 4 else 0.0  # a record of an older trainpod has none
+            records[int(name[4:])] = Record(int(fields[0]), int(fields[1]), float(fields[2]), fields[3:4] == [b"1"], busy)
         except (OSError, ValueError, IndexError):
             continue  # being written for the first time: read it at the next look
     return records

@@ -25,3 +25,34 @@ def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     progress.step(1)
     progress.finished()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_measure_reports_a_steps_own_work_not_its_wait_for_the_others(tmp_path, monkeypatch):
+    """The time from the end of the previous step to the last gradient: a wait after backward (the
+    all-reduce, an optimizer step) is not the rank's own work."""
+    import time
+
+    import torch
+
+    monkeypatch.setenv(PROGRESS_DIR_VAR, str(tmp_path))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(progress, "_reporter", progress._Reporter())
+    monkeypatch.setattr(progress, "_compute", progress._Compute())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    progress.step(0)
+    assert progress.read(tmp_path)[0].busy == 0.0  # not measured: no hook yet
+    progress.measure(model)
+    for n in (1, 2):
+        time.sleep(0.2)  # the rank's own work (a slow data loader counts)
+        model(torch.ones(2, 4)).sum().backward()
+        time.sleep(0.3)  # waiting for the others
+        progress.step(n)
+        busy = progress.read(tmp_path)[0].busy
+        assert 0.2 <= busy < 0.3, f"step {n}: busy {busy}"
+    progress.step(3)  # a step with no backward: the last figure stands
+    assert 0.2 <= progress.read(tmp_path)[0].busy < 0.3
+
+
+def test_a_record_without_the_busy_field_reads_as_not_measured(tmp_path):
+    (tmp_path / "rank0").write_bytes(b"%20d %20d %20.3f %1d\n" % (4, 2, 1.5, 0))
+    assert progress.read(tmp_path)[0] == progress.Record(4, 2, 1.5, False, 0.0)
