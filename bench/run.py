@@ -30,6 +30,8 @@
    after each rendezvous round on a real TCPStore, against one set and get per node.
 13. The network check (bench/netcheck.py, on this host): --netcheck's wall time after a rendezvous round at 2 and 3
    nodes over loopback, beside a Python process's start with torch.
+14. Stragglers (bench/stragglers.py, on this host): from a rank turning slow (its own work doubled) to its agent's
+   line at the default --straggler-window, and what progress.measure()'s hooks cost a step, side by side.
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ def main() -> int:
     restart_round = restart_round_bench(5)
     elastic = bench_elastic()
     hangs = bench_hangs()
+    subprocess.run([sys.executable, str(HERE / "stragglers.py")], check=True)  # records its own section
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()

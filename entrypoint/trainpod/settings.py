@@ -492,8 +492,9 @@ HANG_TIMEOUT = Setting(
 STRAGGLER_WINDOW = Setting(
     "straggler_window", "seconds a rank's own work per step (trainpod.train.progress.measure: the bundled examples "
     "call it) must stay at least 1.3 times the other ranks' median before the agent names it a straggler, in its log "
-    "and in TRAINPOD_OUTPUT_DIR/stragglers.jsonl (and again when it keeps pace); 0 turns the watch off",
-    Number(minimum=0), var="TRAINPOD_STRAGGLER_WINDOW", default=60.0)
+    "and in TRAINPOD_OUTPUT_DIR/stragglers.jsonl (and again when it keeps pace); with the figures' own lag (a median "
+    "over 15 s) a rank that turns slow is named within a minute; 0 turns the watch off",
+    Number(minimum=0), var="TRAINPOD_STRAGGLER_WINDOW", default=45.0)
 HANGS = (HANG_TIMEOUT, STRAGGLER_WINDOW)
 
 WARM_START = Setting(
