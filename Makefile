@@ -283,10 +283,12 @@ docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 # the first failure (-x; worksteal evens out their long tail); then the integration tests. The tests that share a
 # module fixture, a compose cluster or a subnet run on one worker, one after another (pytest.mark.xdist_group,
 # --dist loadgroup). Measured on 2 cores (tests/README.md): 3 unit workers beat 2 (which leave the cores idle while
-# tests wait on timers and processes) and 4 (more overhead); 4 integration workers beat 2. PYTEST_ARGS: more of
-# pytest's flags, for both layers.
+# tests wait on timers and processes) and 4 (more overhead). 3 integration workers: 2 leave the cores idle while
+# tests wait, and 4 on a slower machine ran 6 times as many processes as cores (load 12-14) and a 3-node compose job
+# there took longer to start than its rendezvous' and checks' bounds. PYTEST_ARGS: more of pytest's flags, for both
+# layers.
 UNIT_WORKERS ?= 3
-INTEGRATION_WORKERS ?= 4
+INTEGRATION_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: setup images lint ## provision, build the images, lint, then the unit tests, then the integration tests (but the CUDA images')
 	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not cuda_images" $(PYTEST_ARGS)

@@ -60,10 +60,14 @@ CHUNK = 256 << 10
 ALLREDUCE_BYTES = 4 << 20
 ALLREDUCE_TIMES = 3
 BUDGET_S = 20.0  # a child's measuring, the waits for the other nodes included: a node that did not report by then is named
+# Before the measuring: a child's start (Python and torch, seconds of CPU) and its wait for the other nodes' children.
+# The budget starts only once every child is there (or START_S passed): on a host busy with other work a child took
+# longer to start than the whole budget, and a healthy node was named for its import of torch, not for its network.
+START_S = 60.0
 WAIT_S = 20.0  # one node for another at each step of the check
 FINAL_S = 3.0  # past the budget, for node 0's child to say which reports count
 ALLREDUCE_RESERVE_S = 2.0  # of the budget, kept after the all-reduce for the reports (it gets the rest, not WAIT_S)
-CHILD_TIMEOUT_S = BUDGET_S + FINAL_S + 10  # the whole child: Python and torch's start, the measuring, the final say
+CHILD_TIMEOUT_S = START_S + BUDGET_S + FINAL_S + 10  # the whole child: its start, the measuring, the final say
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ def verdict(reports: Mapping[int, Report], world: int, min_gbit_s: float = 0.0, 
     named: dict[int, str] = {}
     missing = [rank for rank in range(world) if rank not in reports]
     for rank in missing:
-        named[rank] = f"{_who(rank, reports)} did not finish the network check within {BUDGET_S:g} s"
+        named[rank] = f"{_who(rank, reports)} did not finish the network check within {START_S + BUDGET_S:g} s"
     for rank, report in sorted(reports.items()):
         if report.error:
             named.setdefault(rank, f"{_who(rank, reports)}'s network check failed: {report.error}")
@@ -334,16 +338,17 @@ def _gather(store, keys: Sequence[str], deadline: float) -> dict[str, bytes]:
         time.sleep(0.01)
 
 
-def measure(store, rank: int, world: int, address: str, interface: str = "", budget_s: float = BUDGET_S
-            ) -> dict[int, Report]:
+def measure(store, rank: int, world: int, address: str, interface: str = "", budget_s: float = BUDGET_S,
+            started: float | None = None, start_s: float = START_S) -> dict[int, Report]:
     """This node's part of the check, through `store` (the children's): the reports of every node that finished
-    within `budget_s` (the others are missing: the verdict names them)."""
-    deadline = time.monotonic() + budget_s
+    within `budget_s` (the others are missing: the verdict names them). `started`: time.monotonic() when this child
+    started; the budget counts from the moment every child is ready, or `start_s` after that."""
     report = Report(rank=rank, host=socket.gethostname(), address=address)
     listener = socket.create_server((address, 0), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
     with listener:
         store.set(f"address/{rank}", json.dumps([address, listener.getsockname()[1]]))
-        found = _gather(store, [f"address/{other}" for other in range(world)], deadline)
+        found = _gather(store, [f"address/{other}" for other in range(world)], (started or time.monotonic()) + start_s)
+        deadline = time.monotonic() + budget_s
         peers = {other: tuple(json.loads(found[f"address/{other}"])) for other in range(world) if f"address/{other}" in found}
         for shift in ring_shifts(world):
             dst, src = (rank + shift) % world, (rank - shift) % world
@@ -398,12 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--address", required=True, help="this node's address on the interface")
     parser.add_argument("--interface", default="")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the measuring, waits included")
+    parser.add_argument("--start", type=float, default=START_S, help="seconds for every node's child to start")
+    started = time.monotonic()  # before torch's import: START_S bounds this child's start too
     args = parser.parse_args(argv)
     from torch.distributed import TCPStore
 
     host, _, port = args.store.rpartition(":")
     store = TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=WAIT_S), wait_for_workers=False)
-    reports = measure(store, args.rank, args.world, args.address, args.interface, args.budget)
+    reports = measure(store, args.rank, args.world, args.address, args.interface, args.budget, started, args.start)
     sys.stdout.write(json.dumps([json.loads(report.to_json()) for report in reports.values()]) + "\n")
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown with a gloo group alive (docs/shutdown.md)
@@ -420,9 +427,9 @@ def address_of(interface: str) -> str | None:
 
 
 def check(round_store, rank: int, world: int, interface: str, min_gbit_s: float = 0.0,
-          budget_s: float = BUDGET_S) -> Verdict:
+          budget_s: float = BUDGET_S, start_s: float = START_S) -> Verdict:
     """This node's agent's part: node 0 hosts the children's store, every node runs its child and reads the
-    reports. Bounded by about WAIT_S + CHILD_TIMEOUT_S (`budget_s`: the children's measuring)."""
+    reports. Bounded by about WAIT_S + CHILD_TIMEOUT_S (`budget_s`: the children's measuring, `start_s`: their start)."""
     interface = interface.split(",")[0].strip()
     address = address_of(interface) if interface else None
     host = socket.gethostname()
@@ -443,11 +450,13 @@ def check(round_store, rank: int, world: int, interface: str, min_gbit_s: float 
             why = f"did not start the network check within {WAIT_S:g} s ({type(error).__name__})"
             return Verdict(line=f"node 0 {why}", named={0: why})
         command = [sys.executable, "-m", "trainpod.agent.netcheck", "--store", where, "--rank", str(rank),
-                   "--world", str(world), "--address", address, "--interface", interface, "--budget", f"{budget_s:g}"]
+                   "--world", str(world), "--address", address, "--interface", interface, "--budget", f"{budget_s:g}",
+                   "--start", f"{start_s:g}"]
+        limit = CHILD_TIMEOUT_S - BUDGET_S - START_S + budget_s + start_s
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S - BUDGET_S + budget_s, check=False)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=limit, check=False)
         except subprocess.TimeoutExpired:
-            why = f"did not finish the network check within {CHILD_TIMEOUT_S - BUDGET_S + budget_s:g} s"
+            why = f"did not finish the network check within {limit:g} s"
             return Verdict(line=f"node {rank} ({host}) {why}", named={rank: why})
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:

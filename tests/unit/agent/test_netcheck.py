@@ -164,7 +164,7 @@ def run_nodes(world: int, present: int | None = None, budget_s: float = 8.0) -> 
 
     def node(rank: int) -> None:
         store = round_store if rank == 0 else TCPStore("127.0.0.1", round_store.port, is_master=False, wait_for_workers=False)
-        found[rank] = netcheck.check(store, rank, world, "lo", 0.001, budget_s=budget_s)
+        found[rank] = netcheck.check(store, rank, world, "lo", 0.001, budget_s=budget_s, start_s=3.0)
 
     threads = [threading.Thread(target=node, args=(rank,)) for rank in range(world if present is None else present)]
     for thread in threads:
