@@ -5,6 +5,7 @@ An mkdocs hook (mkdocs.yml, `hooks:`). A page holds a marker line, which the bui
     <!-- generated: settings -->     every flag of `trainpod run`/`explain`, the cluster sources, the examples'
                                      options and `trainpod job`: flag, variable, default, what it takes, help
     <!-- generated: exit-codes -->   trainpod.contract.EXIT_CODES
+    <!-- generated: metrics -->      trainpod.agent.metrics.METRICS: what --metrics-port serves
 
 so neither can drift from the declarations (trainpod.settings and the modules that declare their own).
 The build fails when a flag of the CLI (trainpod.launcher.cli.build_parser()) is missing from the reference.
@@ -76,6 +77,18 @@ def readme_table(readme: str) -> str | None:
     return found.group(2) if found else None
 
 
+# --- metrics -------------------------------------------------------------------------------------
+
+
+def metrics_table() -> str:
+    """trainpod.agent.metrics.METRICS as a Markdown table."""
+    from trainpod.agent.metrics import METRICS
+
+    lines = [row(("name", "type", "labels", "what")), row(("---",) * 4)]
+    lines += [row((code(m.name), m.kind, ", ".join(code(label) for label in m.labels), text(m.help))) for m in METRICS]
+    return "\n".join(lines) + "\n"
+
+
 # --- settings ------------------------------------------------------------------------------------
 
 
@@ -108,7 +121,8 @@ def table(group: Iterable[settings.Setting], *, flag_column: bool = True) -> str
 
 
 # `trainpod run` and `trainpod explain`, in the order of their --help.
-RUNNING = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, settings.WARM_START, settings.RECOVERY,
+RUNNING = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, *settings.OBSERVING, settings.WARM_START,
+           settings.RECOVERY,
            settings.TRUST_CHECKPOINTS, *settings.NODE_CHECKS)
 
 
@@ -120,7 +134,8 @@ def run_sections() -> Iterator[tuple[str, str, tuple[settings.Setting, ...]]]:
         if cls.settings:
             yield (f"Source `{cls.name}`", f"What it reads: {text(cls.description)}.", tuple(cls.settings))
     yield ("What to run", "An example by name, or your own command after `--`.", (cli.EXAMPLE,))
-    yield ("Running", "Supervision, restarts, hangs, warm starts, recovery, checkpoints and the nodes' checks.", RUNNING)
+    yield ("Running", "Supervision, restarts, hangs, stragglers, metrics, warm starts, recovery, checkpoints and the nodes' "
+           "checks.", RUNNING)
 
 
 def example_sections() -> Iterator[tuple[str, str, tuple[settings.Setting, ...]]]:
@@ -204,7 +219,7 @@ def _subparsers(parser, prefix: str = "") -> Iterator[tuple[str, object]]:
 
 # --- the hook ------------------------------------------------------------------------------------
 
-GENERATORS = {"settings": settings_reference, "exit-codes": exit_code_table}
+GENERATORS = {"settings": settings_reference, "exit-codes": exit_code_table, "metrics": metrics_table}
 
 
 def on_pre_build(config, **kwargs) -> None:

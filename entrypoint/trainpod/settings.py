@@ -495,7 +495,12 @@ STRAGGLER_WINDOW = Setting(
     "and in TRAINPOD_OUTPUT_DIR/stragglers.jsonl (and again when it keeps pace); with the figures' own lag (a median "
     "over 15 s) a rank that turns slow is named within a minute; 0 turns the watch off",
     Number(minimum=0), var="TRAINPOD_STRAGGLER_WINDOW", default=45.0)
+METRICS_PORT = Setting(
+    "metrics_port", "serve this node's metrics for Prometheus at http://<node>:PORT/metrics (the agent's: steps, "
+    "samples, step times, restarts, recoveries, hangs, stragglers; docs: Metrics); 0 serves none",
+    Integer(0, 65535), var="TRAINPOD_METRICS_PORT", default=0)
 HANGS = (HANG_TIMEOUT, STRAGGLER_WINDOW)
+OBSERVING = (METRICS_PORT,)
 
 WARM_START = Setting(
     "warm_start", "fork every rank, at the start and at each restart, from one process per node that imported torch "

@@ -38,7 +38,7 @@ import signal
 import sys
 
 from trainpod import log
-from trainpod.agent import hang, hangwatch, policy, ranklog, stragglerwatch
+from trainpod.agent import hang, hangwatch, metrics, policy, ranklog, stragglerwatch
 from trainpod.contract import AGENT_PID_VAR, PROGRESS_DIR_VAR, RDZV_BASE_ID_VAR, RDZV_GENERATION_VAR
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError
 from trainpod.rendezvous import node_order
@@ -309,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(hang.pipe_env(os.environ[PROGRESS_DIR_VAR], os.environ))
     watch = hangwatch.Watch.wanted(run_spec.hang_timeout, node, say)  # --hang-timeout, None when 0
     stragglers = stragglerwatch.StragglerWatch.wanted(run_spec.straggler_window, node, say, os.environ)
+    if run_spec.metrics_port:
+        try:
+            metrics.serve(run_spec.metrics_port, os.environ[PROGRESS_DIR_VAR])
+        except OSError as error:  # the port is taken, or not ours to bind: a configuration error, not retried
+            say(f"error: --metrics-port {run_spec.metrics_port}: cannot serve the metrics there: {error.strerror or error}")
+            return EXIT_CONFIG
     # A rank's stdout is a file (torchrun's tee), which Python buffers in blocks of 8 KiB: `python train.py` (a
     # command, not an example: those run -u) showed its lines when the job ended, wherever trainpod's output went.
     # Unbuffered, each line reaches the file when printed, and the tee copies it on. The user's own value stands.

@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 
 from trainpod import log
-from trainpod.agent import keeper, stacks
+from trainpod.agent import keeper, metrics, stacks
 from trainpod.agent.hang import BUSY, FLIGHT_RECORDER, PIPE_STEM, RankView, Sample, Tracker, Verdict, decide, describe, output_dir
 from trainpod.contract import EXIT_HANG, HANGS_DIR, PROGRESS_DIR_VAR
 from trainpod.train import progress
@@ -226,6 +226,8 @@ class Watch:
     def _act(self, verdict: Verdict, trackers: dict[int, Tracker], share: Sharing | None) -> None:
         with self._lock:
             self._verdict = verdict
+        if (figures := metrics.recorder()) is not None:
+            figures.count("trainpod_hangs_total")
         try:
             try:
                 directory, note = self._write(verdict, trackers)

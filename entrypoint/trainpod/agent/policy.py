@@ -93,7 +93,7 @@ import time
 from pathlib import Path
 
 from trainpod import log
-from trainpod.agent import consistency, devcheck, hangwatch, netcheck, survivors, warm
+from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, survivors, warm
 from trainpod.agent.committed import SharedCommitted
 from trainpod.agent.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.contract import INPROCESS_MAX_VAR, PROGRESS_DIR, PROGRESS_DIR_VAR, SUPERVISOR_DIR_VAR
@@ -369,6 +369,10 @@ class AgentPolicy:
             self._server_lost = death
             return {worker.local_rank: 0 for worker in worker_group.workers}
         survivors.bound(self._pcontext)  # a crashed rank's peers stopped in seconds, not torch's 30
+        figures = metrics.recorder()
+        if figures is not None and worker_group.workers:
+            figures.group_started({w.local_rank: w.global_rank for w in worker_group.workers},
+                                  worker_group.workers[0].world_size, worker_group.group_world_size or 1)
         stderrs = getattr(self._pcontext, "stderrs", None) or {}
         if stderrs:  # <run log dir>/attempt_<N>/<local rank>/stderr.log: torch's lines that repeat trainpod's go beside
             log.ASIDE.path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(next(iter(stderrs.values()))))),
@@ -440,6 +444,8 @@ class AgentPolicy:
                 raise JobEnded(provisional.code, line)
             return
         forgiven = provisional is not None or (counted and not self._own)
+        if (figures := metrics.recorder()) is not None:
+            figures.count("trainpod_membership_changes_total")
         self._say(f"the job now has {after} node(s), {before} before: a membership change"
                   + (", not counted against --max-restarts" if forgiven else "")
                   + (" (this node's ranks failed on their own: that restart stays counted)" if counted and self._own else ""))
@@ -572,6 +578,8 @@ class AgentPolicy:
         failure = restarts.Failure(code=code, committed=committed, step=step, where=where,
                                    ran_s=time.monotonic() - self._attempt_started, who=f"rank {rank}", cause=cause)
         decision = self.budget.decide(failure)
+        if (figures := metrics.recorder()) is not None:
+            figures.group_failed("hang" if hangwatch.is_hang(first) else "failure", restarting=decision.restart)
         # A final line or a cause names the first failure (a restart's line always did, beside the ranks' lines)
         named = (cause or not decision.restart) and failure.what() in decision.line
         for global_rank, each in sorted(result.failures.items()):

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from trainpod import log
+from trainpod.agent import metrics
 from trainpod.agent.hang import output_dir
 from trainpod.agent.stragglers import SPAN_S, Judge, Pace, Reports, Straggler, describe, describe_recovered
 from trainpod.contract import PROGRESS_DIR_VAR, STRAGGLERS_FILE
@@ -100,6 +101,12 @@ class StragglerWatch:
     def _tell(self, named: list[Straggler], recovered: list[Straggler], paces: list[Pace], now: float) -> None:
         for line in describe(named, paces, now) + describe_recovered(recovered):
             self.say(line)
+        if (figures := metrics.recorder()) is not None:
+            for straggler in named:
+                figures.count("trainpod_stragglers_total")
+                figures.set("trainpod_straggler", 1, str(straggler.rank))
+            for straggler in recovered:
+                figures.set("trainpod_straggler", 0, str(straggler.rank))
         events = [{"event": "straggler", "time": now, **s.to_dict()} for s in named]
         events += [{"event": "keeps pace", "time": now, **s.to_dict()} for s in recovered]
         if not events:

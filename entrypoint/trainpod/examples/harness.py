@@ -550,7 +550,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
                     scheduler.step()
                     sampler.advance(delivered)  # what this rank trained on (the loader reads ahead)
                 step += 1
-                progress.step(step)
+                progress.step(step, samples=delivered)
                 failpoints.crash(step)
                 window[0] += batch_loss.detach().float()
                 window[1] += 1

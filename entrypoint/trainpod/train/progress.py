@@ -47,13 +47,13 @@ from pathlib import Path
 
 from trainpod.contract import AGENT_PID_VAR, PROGRESS_DIR_VAR
 
-__all__ = ["Record", "committed", "finished", "measure", "read", "step"]
+__all__ = ["Record", "committed", "encode", "finished", "measure", "read", "step"]
 
 PR_SET_PTRACER = 0x59616D61
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 # Fixed width: an overwrite never leaves a tail.
-_FORMAT = "{step:20d} {committed:20d} {time:20.3f} {finished:1d} {busy:14.6f}\n"
-_RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0, finished=0, busy=0.0))
+_FORMAT = "{step:20d} {committed:20d} {time:20.3f} {finished:1d} {busy:14.6f} {samples:20d}\n"
+_RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0, finished=0, busy=0.0, samples=0))
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,13 @@ class Record:
     time: float  # time.time() of the last report
     finished: bool = False  # the script's training is over on every rank (finished()); it is tearing down
     busy: float = 0.0  # seconds of this rank's own work in its last step (measure()); 0: not measured
+    samples: int = 0  # samples this process trained on so far, where the script says (step(n, samples=...))
+
+
+def encode(record: Record) -> bytes:
+    """The record as its rank writes it: one fixed-width line (read() reads it back)."""
+    return _FORMAT.format(step=record.step, committed=record.committed, time=record.time, finished=record.finished,
+                          busy=min(record.busy, 9_999_999.0), samples=record.samples).encode()
 
 
 class _Reporter:
@@ -73,14 +80,14 @@ class _Reporter:
         self.committed = -1
         self.finished = False
         self.busy = 0.0
+        self.samples = 0
 
     def report(self) -> None:
         if self._pid != os.getpid():  # first call, or a forked child (a DataLoader worker): its own state
             self._open()
         if self._fd is not None:
-            line = _FORMAT.format(step=self.step, committed=self.committed, time=time.time(), finished=self.finished,
-                                busy=min(self.busy, 9_999_999.0))
-            os.pwrite(self._fd, line.encode(), 0)
+            record = Record(self.step, self.committed, time.time(), self.finished, self.busy, self.samples)
+            os.pwrite(self._fd, encode(record), 0)
 
     def _open(self) -> None:
         self._pid = os.getpid()
@@ -215,9 +222,12 @@ _reporter = _Reporter()
 _compute = _Compute()
 
 
-def step(n: int) -> None:
-    """This rank finished step `n`. Cheap (one pwrite); call it after every step, on every rank."""
+def step(n: int, samples: int | None = None) -> None:
+    """This rank finished step `n`. Cheap (one pwrite); call it after every step, on every rank. `samples`: how many
+    samples this step trained on in this process (its batch), for the node's metrics (trainpod_samples_total)."""
     _reporter.step = int(n)
+    if samples is not None:
+        _reporter.samples += int(samples)
     _reporter.busy = _compute.take()
     _reporter.report()
 
@@ -256,7 +266,9 @@ def read(directory: str | os.PathLike) -> dict[int, Record]:
             with open(Path(directory) / name, "rb") as f:
                 fields = f.read(_RECORD_BYTES).split()
             busy = float(fields[4]) if len(fields) > 4 else 0.0  # a record of an older trainpod has none
-            records[int(name[4:])] = Record(int(fields[0]), int(fields[1]), float(fields[2]), fields[3:4] == [b"1"], busy)
+            samples = int(fields[5]) if len(fields) > 5 else 0
+            records[int(name[4:])] = Record(int(fields[0]), int(fields[1]), float(fields[2]), fields[3:4] == [b"1"], busy,
+                                            samples)
         except (OSError, ValueError, IndexError):
             continue  # being written for the first time: read it at the next look
     return records

@@ -100,7 +100,7 @@ def test_reports_of_the_previous_worker_group_are_not_this_groups_steps(tmp_path
     from trainpod.train import progress
 
     watch = hangwatch.Watch(timeout=5.0, node="0", say=print, env={"TRAINPOD_PROGRESS_DIR": str(tmp_path)})
-    (tmp_path / "rank0").write_text(progress._FORMAT.format(step=40, committed=40, time=time.time() - 60, finished=0))
+    (tmp_path / "rank0").write_bytes(progress.encode(progress.Record(step=40, committed=40, time=time.time() - 60)))
     watch.prepare()
     watch._workers = [hangwatch.Worker(0, 0, os.getpid())]
     [view] = watch._look({0: hangwatch.Tracker(0, "0")}, lambda local: None)

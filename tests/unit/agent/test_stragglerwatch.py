@@ -16,8 +16,7 @@ from trainpod.train import progress
 
 
 def report(directory, step: int, busy: float) -> None:
-    line = progress._FORMAT.format(step=step, committed=-1, time=time.time(), finished=0, busy=busy)
-    (directory / "rank0").write_text(line)
+    (directory / "rank0").write_bytes(progress.encode(progress.Record(step=step, committed=-1, time=time.time(), busy=busy)))
 
 
 def test_the_slow_ranks_own_agent_names_it_once_then_says_it_keeps_pace(tmp_path):

@@ -1,0 +1,76 @@
+"""The metrics endpoint on this host, as `trainpod run --metrics-port` serves it: a 2-rank CIFAR-10 job whose rank is
+killed once (TRAINPOD_FAILPOINTS=checkpoint-write@20: a SIGKILL mid-checkpoint), scraped every half second with a
+real HTTP client and parsed with prometheus_client's parser. While it trains: each rank's step, steps, samples and
+step-time quantiles, the world and node count. After the kill: one restart of cause `failure`, one recovery, timed.
+A port that is taken ends the node with 78 and one line. The figures' arithmetic is test_metrics' (unit)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fixtures.ports import free_port
+from fixtures.processes import host_env, trainpod_run, wait_logged
+
+pytestmark = pytest.mark.slow
+
+JOB = ["--example", "cifar10-ddp", "--", "--epochs", "1", "--synthetic-samples", "8192", "--batch-size", "16",
+       "--max-steps", "160", "--checkpoint-every", "10", "--workers", "0"]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float] | None:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None  # not serving yet, or no more
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_jobs_steps_samples_restart_and_recovery_are_served_while_it_runs(tmp_path):
+    port = free_port()
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([*trainpod_run("--nproc-per-node", "2", "--metrics-port", str(port), "--max-restarts", "2"),
+                                    *JOB[:3], "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                    *JOB[3:]], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=host_env(OMP_NUM_THREADS="1", TRAINPOD_FAILPOINTS="checkpoint-write@20"))
+    training = recovered = None
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline and recovered is None:
+        found = scrape(port)
+        if found and found.get(("trainpod_step", (("rank", "1"),)), -1) > 2 and training is None:
+            training = found
+        if found and found.get(("trainpod_recoveries_total", ()), 0) >= 1:
+            recovered = found
+        time.sleep(0.5)
+    output = wait_logged(process, log, timeout=300)
+    assert process.returncode == 0, output[-3000:]
+    assert training is not None and recovered is not None, f"training: {training}\nrecovered: {recovered}\n{output[-3000:]}"
+    for rank in ("0", "1"):
+        assert training[("trainpod_steps_total", (("rank", rank),))] > 0, training
+        assert training[("trainpod_samples_total", (("rank", rank),))] >= 16, training
+        assert training[("trainpod_step_seconds", (("quantile", "0.5"), ("rank", rank)))] > 0, training
+    assert (training[("trainpod_world_size", ())], training[("trainpod_nodes", ())]) == (2, 1), training
+    assert recovered[("trainpod_restarts_total", (("cause", "failure"),))] == 1, recovered
+    assert 0 < recovered[("trainpod_recovery_seconds", ())] < 120, recovered
+    assert recovered[("trainpod_committed_step", ())] >= 10, recovered
+    assert recovered[("trainpod_world_size", ())] == 2, recovered
+    print(f"\nrecovery {recovered[('trainpod_recovery_seconds', ())]:.2f} s; "
+          f"step time p50 {training[('trainpod_step_seconds', (('quantile', '0.5'), ('rank', '0')))]:.3f} s")
+
+
+def test_a_taken_port_ends_the_node_with_78_and_one_line(tmp_path):
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([*trainpod_run("--nproc-per-node", "1", "--metrics-port", str(port)), "--", "true"], cwd=tmp_path,
+                              env=host_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 78, done.stdout + done.stderr
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"--metrics-port {port}: cannot serve the metrics there" in errors[0], done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
