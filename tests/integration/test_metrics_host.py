@@ -44,8 +44,11 @@ def test_a_jobs_steps_samples_restart_and_recovery_are_served_while_it_runs(tmp_
     deadline = time.monotonic() + 300
     while process.poll() is None and time.monotonic() < deadline and recovered is None:
         found = scrape(port)
-        if found and found.get(("trainpod_step", (("rank", "1"),)), -1) > 2 and training is None:
-            training = found
+        if found and training is None and all(found.get(("trainpod_steps_total", (("rank", r),)), 0) > 0
+                                              and found.get(("trainpod_samples_total", (("rank", r),)), 0) >= 16
+                                              and ("trainpod_step_seconds", (("quantile", "0.5"), ("rank", r))) in found
+                                              for r in ("0", "1")):
+            training = found  # both ranks seen training (a rank's steps count from its second look on)
         if found and found.get(("trainpod_recoveries_total", ()), 0) >= 1:
             recovered = found
         time.sleep(0.5)

@@ -39,7 +39,7 @@ import sys
 
 from trainpod import log
 from trainpod.agent import hang, hangwatch, metrics, policy, ranklog, stragglerwatch
-from trainpod.contract import AGENT_PID_VAR, PROGRESS_DIR_VAR, RDZV_BASE_ID_VAR, RDZV_GENERATION_VAR
+from trainpod.contract import AGENT_PID_VAR, OUTPUT_DIR_VAR, PROGRESS_DIR_VAR, RDZV_BASE_ID_VAR, RDZV_GENERATION_VAR
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError
 from trainpod.rendezvous import node_order
 from trainpod.rendezvous.conf import KEEP_ALIVE_TTL, KEEP_ALIVE_TTL_RANGE
@@ -307,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get(PROGRESS_DIR_VAR, "").strip():
         os.environ[PROGRESS_DIR_VAR] = policy.progress_dir()
     os.environ.update(hang.pipe_env(os.environ[PROGRESS_DIR_VAR], os.environ))
+    # The agent's own files (a hang's stacks, stragglers.jsonl) go where the example writes its metrics: its
+    # --output-dir, which the launcher read (RunSpec.target); the ranks inherit the same value.
+    if run_spec.target.output_dir and not os.environ.get(OUTPUT_DIR_VAR, "").strip():
+        os.environ[OUTPUT_DIR_VAR] = run_spec.target.output_dir
     watch = hangwatch.Watch.wanted(run_spec.hang_timeout, node, say)  # --hang-timeout, None when 0
     stragglers = stragglerwatch.StragglerWatch.wanted(run_spec.straggler_window, node, say, os.environ)
     if run_spec.metrics_port:

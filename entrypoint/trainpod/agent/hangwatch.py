@@ -13,7 +13,7 @@ a node whose ranks only wait learns that a rank on another node is the one behin
 to find the job stalled stores its verdict; every agent that has a rank involved acts on it.
 
 Acting: every local rank's stack (all threads) goes to `<output>/hangs/<time>-node<N>/rank<R>.txt`
-(<output> is TRAINPOD_OUTPUT_DIR, default ./output, as for the examples' metrics), torch's flight
+(<output> is TRAINPOD_OUTPUT_DIR, else a bundled example's --output-dir, else ./output: where it writes its metrics), torch's flight
 recorder of ranks that serve dump requests to `<output>/hangs/flight-recorder/rank<R>` (and NCCL's
 own dump through its pipe), then one line names the ranks behind; the agents wait (a few seconds
 at most) until each involved node has written its stacks, then SIGKILL their ranks' process groups.
