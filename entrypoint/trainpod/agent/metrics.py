@@ -118,6 +118,9 @@ class Recorder:
             self.count("trainpod_restarts_total", cause)
         with self.lock:
             self.failed_at = self.failed_at or time.time()
+            # The failed group's ranks may still report a step they finished before the failure was seen: none of theirs
+            # counts from here on (a recovery is timed to the next group's first step, never to one of theirs).
+            self.local, self.started = {}, float("inf")
             self.gauges[("trainpod_world_size", ())] = 0
             self.gauges[("trainpod_nodes", ())] = 0
 

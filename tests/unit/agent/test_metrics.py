@@ -58,6 +58,9 @@ def test_a_restart_is_counted_by_cause_and_the_recovery_timed_to_the_first_step_
     recorder.sample()
     recorder.group_failed("failure", restarting=True)
     failed_at = recorder.failed_at
+    write(tmp_path, 0, 11, failed_at - 0.5)  # the failed group's last step, read after the failure: no recovery
+    recorder.sample()
+    assert ("trainpod_recovery_seconds", ()) not in recorder.gauges
     recorder.group_started({0: 0}, world_size=1, nodes=1)
     recorder.sample()  # the last group's record: no step of this group yet
     assert ("trainpod_recovery_seconds", ()) not in recorder.gauges

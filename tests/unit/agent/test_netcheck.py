@@ -61,6 +61,18 @@ def test_a_node_whose_every_link_is_slow_is_named_alone_beside_one_healthy_link_
     assert "the link from node 0 (a) to node 1 (b) carries 0.001 Gbit/s" in found.line, found.line
 
 
+def test_a_link_whose_other_end_measured_nothing_else_does_not_name_that_end():
+    # node 0 at 1 Mbit/s among three, under load: the budget ran out before node 1's other links were measured. Its
+    # only measured link was node 0's slow one, and as "a node whose every link is slow" it was named.
+    measured = {(0, 1), (2, 0), (0, 2)}
+    made = reports(3, {(0, 1): 0.001, (2, 0): 0.04})
+    for src, dst in netcheck.links(3):
+        if (src, dst) not in measured:
+            del made[dst].gbit_s[src]
+    found = netcheck.verdict(made, 3, min_gbit_s=0.5)
+    assert list(found.named) == [0], found.line
+
+
 def test_without_a_bound_a_slow_link_names_nobody():
     assert netcheck.verdict(reports(2, {(1, 0): 0.01}), 2).ok
 
