@@ -32,6 +32,8 @@
    nodes over loopback, beside a Python process's start with torch.
 14. Stragglers (bench/stragglers.py, on this host): from a rank turning slow (its own work doubled) to its agent's
    line at the default --straggler-window, and what progress.measure()'s hooks cost a step, side by side.
+15. The metrics endpoint (bench/metrics.py, on this host): the CIFAR-10 example with --metrics-port scraped every
+   second against the same run without it, alternating: samples/s and the agent's CPU.
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ def main() -> int:
     elastic = bench_elastic()
     hangs = bench_hangs()
     subprocess.run([sys.executable, str(HERE / "stragglers.py")], check=True)  # records its own section
+    subprocess.run([sys.executable, str(HERE / "metrics.py")], check=True)  # records its own section
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()
