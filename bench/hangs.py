@@ -186,17 +186,18 @@ dist.destroy_process_group()
 """
 
 
-def paired_blocks(blocks: int = 160, block: int = 5) -> dict:
-    """Block times with and without progress.step() after each step, alternating in one 2-rank job."""
+def paired_blocks(blocks: int = 160, block: int = 5, worker: str = PAIRS_WORKER, bench: str = "bench-hangs") -> dict:
+    """Block times "on" and "off", alternating in one 2-rank job under bare torchrun: `worker` (by default, with and
+    without progress.step() after each step) prints them on a line `bench-pairs: {"on": [...], "off": [...]}`."""
     out = Path(tempfile.mkdtemp(prefix="trainpod-bench-pairs-"))
-    (out / "pairs.py").write_text(PAIRS_WORKER)
+    (out / "pairs.py").write_text(worker)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
                str(out / "pairs.py"), str(blocks), str(block)]
     run = Run(command, environment(TRAINPOD_PROGRESS_DIR=str(out)), out)
     code, log = run.finish(900)
     lines = [line.split("bench-pairs: ", 1)[1] for line in log.splitlines() if "bench-pairs: " in line]
     if code != 0 or not lines:
-        sys.exit(f"bench-hangs: the paired blocks failed ({code}):\n{log[-3000:]}")
+        sys.exit(f"{bench}: the paired blocks failed ({code}):\n{log[-3000:]}")
     times = json.loads(lines[-1])
     return {"block_steps": block, "on_s": times["on"], "off_s": times["off"]}
 

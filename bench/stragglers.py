@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import results_page
-from hangs import Run, environment, free_port, neighbour_ratios
+from hangs import Run, environment, free_port, neighbour_ratios, paired_blocks
 
 NAMED = re.compile(r"\] trainpod: straggler: rank 1 \(node 1\)")
 FIRST_STEP = re.compile(r"cifar10-ddp: world 2, ")
@@ -94,27 +94,12 @@ dist.destroy_process_group()
 """
 
 
-def paired_blocks(blocks: int = 160, block: int = 5) -> dict:
-    """Block times with and without measure()'s hooks, alternating in one 2-rank job."""
-    out = Path(tempfile.mkdtemp(prefix="trainpod-bench-measure-"))
-    (out / "pairs.py").write_text(PAIRS_WORKER)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-               str(out / "pairs.py"), str(blocks), str(block)]
-    run = Run(command, environment(TRAINPOD_PROGRESS_DIR=str(out)), out)
-    code, log = run.finish(900)
-    lines = [line.split("bench-pairs: ", 1)[1] for line in log.splitlines() if "bench-pairs: " in line]
-    if code != 0 or not lines:
-        sys.exit(f"bench-stragglers: the paired blocks failed ({code}):\n{log[-3000:]}")
-    times = json.loads(lines[-1])
-    return {"block_steps": block, "on_s": times["on"], "off_s": times["off"]}
-
-
 def bench(rounds: int) -> dict:
     detection = []
     for _ in range(rounds):
         detection.append(detect_once())
         print(f"  named after {detection[-1][0]:.1f} s", file=sys.stderr, flush=True)
-    return {"rounds": rounds, "detection": detection, "pairs": paired_blocks()}
+    return {"rounds": rounds, "detection": detection, "pairs": paired_blocks(worker=PAIRS_WORKER, bench="bench-stragglers")}
 
 
 def report(result: dict) -> str:
