@@ -19,9 +19,11 @@ GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME name):
 
 The result is one line per job, said by node 0. With --min-bandwidth G (Gbit/s), a link below G
 names a node (_blamed()): each node all of whose links are slow, else the one at the end of every
-slow link where there is one (a node whose own side is slow, in both rings), else the sender of each
-slow link (shaping and most link faults hit a node's sending side; between two nodes the two ends
-cannot be told apart otherwise). A link that cannot be
+slow link where there is one (a node whose own side is slow, in both rings), else, where both
+directions between two nodes are slow, the sender of the one at least ASYMMETRY times slower (a slow
+sending side starves the reverse stream only of its ACKs), else the sender of each slow link (shaping
+and most link faults hit a node's sending side; two equally slow directions cannot be told apart).
+A link that cannot be
 opened names its destination, a node that did not finish the check names itself. What a named node
 costs is the agent's decision (trainpod.agent.policy): a fixed-size job ends (69), an elastic job
 goes on without the node.
@@ -56,6 +58,7 @@ PINGS = 10
 WARM_S = 0.1
 MEASURE_S = 0.4
 WINDOW_S = 0.1  # the stream's figure is its best window of this length (module docstring)
+ASYMMETRY = 4  # one direction of a pair this many times slower than the other names its sender alone (_blamed())
 CHUNK = 256 << 10
 ALLREDUCE_BYTES = 4 << 20
 ALLREDUCE_TIMES = 3
@@ -147,7 +150,7 @@ def verdict(reports: Mapping[int, Report], world: int, min_gbit_s: float = 0.0, 
         return Verdict(line="; ".join(named.values()), named=named)
     rtts = [ms for report in reports.values() for ms in report.rtt_ms.values()]
     slow = {link: gbit for link, gbit in measured.items() if min_gbit_s and gbit < min_gbit_s}
-    if slow and len(slow) == len(measured) and world > 2:
+    if slow and len(slow) == len(measured) and len({node for link in slow for node in link}) > 2:  # not one pair
         line = (f"every link carries less than --min-bandwidth {min_gbit_s:g} Gbit/s ({min(slow.values()):.3g}-"
                 f"{max(slow.values()):.3g}): the network is slower than the bound, not one node")
         return Verdict(line=line, named={rank: line for rank in range(world)})
@@ -184,14 +187,27 @@ def _blamed(slow: Mapping[tuple[int, int], float], measured: Mapping[tuple[int, 
     sender. The first rule comes first because a healthy link between two loaded hosts can measure below the bound
     on its own (its ends off the CPU for the stream's whole best window): beside a node whose every link is slow,
     that one link named every node of the job (seen with a 1 Mbit/s node under the test suite's load)."""
-    # At least two measured links: a node with one (the others not measured in the budget, on a host under load) whose
-    # only link is the slow one is that link's other end, not a node whose own side is slow (CI named both ends).
-    own = {rank for rank in range(world)
-           if len(links := [link for link in measured if rank in link]) >= 2 and all(link in slow for link in links)}
+    # Measured links to at least two other nodes: a node whose only measured peer is the slow one (two nodes, or the
+    # others not measured in the budget on a host under load) shares those links with that peer, and cannot be told
+    # from it by this rule (CI named both ends).
+    own = set()
+    for rank in range(world):
+        links = [link for link in measured if rank in link]
+        if len({peer for link in links for peer in link} - {rank}) >= 2 and all(link in slow for link in links):
+            own.add(rank)
     if own:
         return own
     ends = set.intersection(*({src, dst} for src, dst in slow))
-    return ends if len(ends) == 1 else {src for src, _ in slow}
+    if len(ends) == 1:
+        return ends
+    if len(slow) == 2 and len(ends) == 2:  # both directions between the same two nodes: which side is slow?
+        (slower, low), (_, high) = sorted(slow.items(), key=lambda item: item[1])
+        if low * ASYMMETRY <= high:
+            # A node whose sending side is slow carries its own stream at that rate; the reverse stream starves only
+            # of its ACKs, which ask for a few percent of it (1 Mbit/s of ACKs carry some 40 Mbit/s): the far slower
+            # direction's sender is named, not both (two nodes, or a round under load that measured no other link).
+            return {slower[0]}
+    return {src for src, _ in slow}
 
 
 # --- the child: measuring ---

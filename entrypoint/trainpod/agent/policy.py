@@ -243,6 +243,7 @@ class AgentPolicy:
                 warm.start_server(warm.preload(target))
             else:
                 spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
+        node_order.hold(spec.rdzv_handler)  # each round's world as it completed, on every node
         if not self.elastic and node and node.isdigit():
             node_order.keep(spec.rdzv_handler, self.node_rank)  # global ranks by the platform's node numbering
         _poll_rendezvous_faster(spec.rdzv_handler, self.nnodes)

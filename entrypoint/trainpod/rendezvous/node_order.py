@@ -15,9 +15,23 @@ participant said one and they are exactly 0..n-1; otherwise (an elastic job, a n
 agent, two nodes that claim one rank) torch's order stands. Which agent hosts the workers' store does not
 change: the workers of every rank connect to it as clients (the agent's store, trainpod.agent.policy).
 
+A round's world is the one it completed with, on every node (hold(), for every job on torch's dynamic
+rendezvous). torch gives a node its rank and world size from the state as that node last read it
+(DynamicRendezvousHandler._get_world: the participants map and its length), and every read first drops
+each node whose heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s by default),
+completed round or not. A node off the CPU for that long as its round completed (seen in CI, three
+trainers on two loaded cores) was dropped by the nodes that read the state after it: they started a
+world of two beside a third node that had started a world of three, the two trained as a job of their
+own until its agent timed out, and the job's membership went 2, 3, 4 where it was meant to go 3, 4;
+where the dropped node held rank 0, the others waited for its address until the store's timeout. Here
+the node that completes a round records its participants, numbered, in the shared state, and each node
+takes its rank and the world size from that record: the same on every node. A node that died meanwhile
+is still in its round's world, as it is in torch when it dies a moment later: the others' first
+collective or store wait fails and the next round goes on without it.
+
 torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
-_add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`,
-and the handler's `_this_node`.
+_add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`
+and `round`, and the handler's `_this_node`, `_state_holder` and `_get_world()`.
 """
 
 from __future__ import annotations
@@ -26,9 +40,16 @@ import functools
 import logging
 
 STATE_ATTR = "trainpod_node_ranks"  # on torch's _RendezvousState: {node descriptor: platform node rank}
+ROUND_ATTR = "trainpod_completed"  # on torch's _RendezvousState: (round, {node descriptor: rank}) as it completed
 
 _wanted: dict = {}  # node descriptor of a handler in this process -> the node rank the platform gave it
 logger = logging.getLogger(__name__)
+
+
+def hold(handler) -> None:
+    """Give `handler`'s node the rank and world size its round completed with (the module docstring)."""
+    if getattr(handler, "_this_node", None) is not None:  # torch's etcd backend (v2 API) has a rendezvous of its own
+        _install()
 
 
 def keep(handler, node_rank: int) -> None:
@@ -38,6 +59,14 @@ def keep(handler, node_rank: int) -> None:
         return  # not torch's dynamic rendezvous (torch's etcd backend numbers the nodes itself)
     _install()
     _wanted[node] = node_rank
+
+
+def completed_world(state, node) -> tuple[int, int] | None:
+    """(rank, world size) of `node` in the round `state` is in, as that round completed; None without a record."""
+    completed = getattr(state, ROUND_ATTR, None)
+    if completed is None or completed[0] != state.round or node not in completed[1]:
+        return None
+    return completed[1][node], len(completed[1])
 
 
 def platform_order(participants, said) -> dict | None:
@@ -66,6 +95,9 @@ def torch_internals_missing() -> list[str]:
         "_mark_rendezvous_complete() (where torch numbers the nodes)":
             lambda: "sorted(state.participants)" in inspect.getsource(torchs("_mark_rendezvous_complete")),
         "DynamicRendezvousHandler._this_node": lambda: "self._this_node = node" in inspect.getsource(handler.__init__),
+        "DynamicRendezvousHandler._get_world() (a node's rank and world size)":
+            lambda: "state.participants[self._this_node], len(state.participants)" in inspect.getsource(
+                getattr(handler._get_world, "torch_method", handler._get_world)),
     }
     missing = []
     for what, present in checks.items():
@@ -80,9 +112,10 @@ def torch_internals_missing() -> list[str]:
 
 @functools.cache
 def _install() -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler as Handler
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _DistributedRendezvousOpExecutor as Executor
 
-    torch_add, torch_complete = Executor._add_to_participants, Executor._mark_rendezvous_complete
+    torch_add, torch_complete, torch_world = Executor._add_to_participants, Executor._mark_rendezvous_complete, Handler._get_world
 
     def _add_to_participants(self) -> None:
         rank = _wanted.get(self._node)
@@ -102,8 +135,14 @@ def _install() -> None:
                            ", ".join(str(said.get(node, "none")) for node in sorted(state.participants)),
                            len(state.participants), len(state.participants) - 1)
         state.__dict__.pop(STATE_ATTR, None)  # the next round's nodes say theirs anew
+        state.__dict__[ROUND_ATTR] = (state.round, dict(state.participants))
+
+    def _get_world(self) -> tuple[int, int]:
+        return completed_world(self._state_holder.state, self._this_node) or torch_world(self)
 
     _add_to_participants.torch_method = torch_add  # type: ignore[attr-defined]
     _mark_rendezvous_complete.torch_method = torch_complete  # type: ignore[attr-defined]
+    _get_world.torch_method = torch_world  # type: ignore[attr-defined]
     Executor._add_to_participants = _add_to_participants
     Executor._mark_rendezvous_complete = _mark_rendezvous_complete
+    Handler._get_world = _get_world

@@ -73,6 +73,26 @@ def test_a_link_whose_other_end_measured_nothing_else_does_not_name_that_end():
     assert list(found.named) == [0], found.line
 
 
+@pytest.mark.parametrize("shaped", [0, 1])
+def test_between_two_nodes_both_directions_slow_name_the_sender_of_the_far_slower_one(shaped):
+    # A node at 1 Mbit/s sends its stream at 1 Mbit/s; the stream it receives starves of its ACKs, at some 40 Mbit/s:
+    # both below the bound. Every slow link's sender was named, both nodes (CI: an elastic job lost a healthy node).
+    other = 1 - shaped
+    found = netcheck.verdict(reports(2, {(shaped, other): 0.001, (other, shaped): 0.044}), 2, min_gbit_s=0.5)
+    assert list(found.named) == [shaped], found.line
+    # The same between the two of three that were measured in the budget (the third's links not measured).
+    made = reports(3, {(0, 1): 0.001, (1, 0): 0.044})
+    for src, dst in netcheck.links(3):
+        if 2 in (src, dst):
+            del made[dst].gbit_s[src]
+    assert list(netcheck.verdict(made, 3, min_gbit_s=0.5).named) == [0]
+
+
+def test_two_directions_alike_slow_cannot_be_told_apart_and_name_both_nodes():
+    found = netcheck.verdict(reports(2, {(0, 1): 0.01, (1, 0): 0.02}), 2, min_gbit_s=0.5)
+    assert sorted(found.named) == [0, 1], found.line
+
+
 def test_without_a_bound_a_slow_link_names_nobody():
     assert netcheck.verdict(reports(2, {(1, 0): 0.01}), 2).ok
 

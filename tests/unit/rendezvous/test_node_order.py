@@ -1,7 +1,7 @@
 """trainpod.rendezvous.node_order: a fixed-size job's nodes get the ranks the platform numbered them with."""
 
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -31,10 +31,16 @@ def handlers(count: int, run_id: str):
 
 def rendezvous_ranks(made) -> list[int]:
     """Each handler's rank after one round that all of them join at once."""
+    return [rank for rank, _ in rendezvous_worlds(made)]
+
+
+def rendezvous_worlds(made) -> list[tuple[int, int]]:
+    """Each handler's (rank, world size) after one round that all of them join at once."""
     ranks = [None] * len(made)
 
     def join(index):
-        ranks[index] = made[index].next_rendezvous().rank
+        info = made[index].next_rendezvous()
+        ranks[index] = (info.rank, info.world_size)
 
     threads = [threading.Thread(target=join, args=(i,)) for i in range(len(made))]
     for thread in threads:
@@ -73,3 +79,43 @@ def test_platform_order_is_exactly_a_numbering_of_the_participants():
     assert node_order.platform_order({"a": 0, "b": 0}, {"a": 1}) is None
     assert node_order.platform_order({"a": 0, "b": 0}, {"a": 1, "b": 2}) is None
     assert node_order.platform_order({"a": 0}, {"a": 0, "gone": 1}) == {"a": 0}  # a node that left says nothing
+
+
+def drop(handler, dropped) -> None:
+    """What torch does when `handler` reads the state and finds `dropped`'s heartbeat older than its dead-node timeout
+    (keep_alive_interval x keep_alive_max_attempt): the node leaves the participants, completed round or not."""
+    holder = handler._state_holder
+    holder.state.last_heartbeats[dropped._this_node] = datetime.now(timezone.utc) - timedelta(hours=1)
+    holder._sanitize()
+    assert dropped._this_node not in holder.state.participants
+
+
+@pytest.mark.parametrize("platform", [False, True], ids=["elastic", "platform ranks"])
+def test_a_node_dropped_after_its_round_completed_leaves_every_nodes_rank_and_world_as_completed(platform):
+    # CI: a trainer off the CPU as its round completed was dropped by the nodes that read the state after it; they
+    # started a world of two (torch's world size is the participants they read) beside its world of three.
+    made, _ = handlers(3, f"dropped-{platform}")
+    for handler, node_rank in zip(made, (2, 0, 1)):
+        node_order.hold(handler)
+        if platform:
+            node_order.keep(handler, node_rank)
+    worlds = rendezvous_worlds(made)
+    assert [world for _, world in worlds] == [3, 3, 3]
+    drop(made[0], made[2])
+    drop(made[2], made[2])  # the dropped node's own reading of it
+    assert [handler._get_world() for handler in (made[0], made[2])] == [worlds[0], worlds[2]]
+    # torch's own answer, the one replaced: a world of two (and a KeyError for the dropped node)
+    assert made[0]._get_world.torch_method(made[0]) == (worlds[0][0], 2)
+
+
+def test_a_round_without_a_record_or_of_another_round_is_numbered_by_torch():
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    state = _RendezvousState()
+    assert node_order.completed_world(state, "a") is None
+    state.round = 3
+    setattr(state, node_order.ROUND_ATTR, (2, {"a": 0, "b": 1}))
+    assert node_order.completed_world(state, "a") is None  # the record of the round before
+    setattr(state, node_order.ROUND_ATTR, (3, {"a": 0, "b": 1}))
+    assert node_order.completed_world(state, "b") == (1, 2)
+    assert node_order.completed_world(state, "c") is None
