@@ -3,7 +3,7 @@ last call), on the real engine, with an etcd cluster of this module's own (test_
 
 - A node with a patched trainpod (its package bind-mounted over the image's): every node ends with 78 and one
   line naming it and the field, before any rank starts (trainpod.agent.consistency).
-- A node whose link is shaped to 1 Mbit/s (tc), with --netcheck on and --min-bandwidth 0.5: the check after the
+- A node whose link is shaped to 1 Mbit/s (tc), with --netcheck on and --min-bandwidth 0.05: the check after the
   first rendezvous names it (and runs no all-reduce, minutes over such a link); it leaves with 69 and one line,
   the other two meet again without it and finish at world 2 (trainpod.agent.netcheck).
 - A node whose ranks always fail the same way (a failpoint on trainer2 alone, imagenet-elastic): after the same
@@ -80,7 +80,7 @@ def test_a_node_with_a_slow_link_leaves_and_the_others_finish_at_world_2(job_fac
     codes = job.wait(*TRAINERS)
     assert codes == {"trainer0": 0, "trainer1": 0, "trainer2": 69}, f"{codes}, shaped with {shaped}:\n{job.tails()}"
     errors = [line for line in job.text("trainer2").splitlines() if "trainpod: error:" in line]
-    assert len(errors) == 1 and "below --min-bandwidth 0.5 Gbit/s" in errors[0], job.tails()
+    assert len(errors) == 1 and "below --min-bandwidth 0.05 Gbit/s" in errors[0], job.tails()
     assert errors[0].count("is named") == 1, errors[0]  # the slow node alone, not every node of a late check
     assert "this node leaves the elastic job (--netcheck)" in errors[0], errors[0]
     for survivor in ("trainer0", "trainer1"):

@@ -1,7 +1,7 @@
 """The nodes' checks at the rendezvous on compose/pai-2node, a fixed-size job of two containers, on the real engine.
 
 - The network check (trainpod.agent.netcheck): with node1's sending side shaped to 20 Mbit/s (tc,
-  fixtures.docker_env.shape_egress) and --min-bandwidth 0.5, both nodes end with 69 and one line that names node1 and
+  fixtures.docker_env.shape_egress) and --min-bandwidth 0.05, both nodes end with 69 and one line that names node1 and
   its link, before any rank starts; unshaped, the job trains and node 0 says the job's figures in one line.
 - Every node the same software (trainpod.agent.consistency): node1 runs a train.py one line different from node0's,
   or a trainpod with one comment more (bind-mounted over the image's package): both nodes end with 78 and one line
@@ -41,7 +41,7 @@ def test_a_node_with_a_slow_link_ends_a_fixed_size_job_with_69_naming_it(job):
         errors = [line for line in log.splitlines() if "trainpod: error:" in line]
         assert len(errors) == 1, log[-3000:]
         assert "the link from node 1 (worker-1) to node 0 (worker-0) carries " in errors[0], errors[0]
-        assert "below --min-bandwidth 0.5 Gbit/s" in errors[0] and "node 1 (worker-1) is named" in errors[0], errors[0]
+        assert "below --min-bandwidth 0.05 Gbit/s" in errors[0] and "node 1 (worker-1) is named" in errors[0], errors[0]
         assert "a fixed-size job cannot go on without it (--netcheck" in errors[0], errors[0]
         assert "rank0]" not in log and "rank1]" not in log  # no rank started
     print(f"\nshaped with {shaped}: {errors[0]}")
@@ -52,7 +52,7 @@ def test_an_unshaped_job_trains_and_node0_says_the_networks_figures_once(job):
     assert job.wait("node0", "node1", timeout=300) == {"node0": 0, "node1": 0}, job.logs("node0")[-3000:]
     lines = [line for line in job.logs("node0").splitlines() if "trainpod: network: " in line]
     assert len(lines) == 1 and "network: 2 nodes over eth0, links " in lines[0], lines
-    assert "every link above --min-bandwidth 0.5 Gbit/s" in lines[0], lines
+    assert "every link above --min-bandwidth 0.05 Gbit/s" in lines[0], lines
     assert "trainpod: network: " not in job.logs("node1")
     print(f"\n{lines[0]}")
 

@@ -12,7 +12,10 @@ A rank's figure is the median of the reports its agent saw in the last SPAN_S se
 look that saw its step advance), so a checkpoint or a slow batch now and then moves nothing. A
 rank counts once it has MIN_REPORTS of them, and ranks are compared only while every rank of the
 job has a figure: a script that does not call measure() is never judged. Slow "for the window"
-means slow at every judgement in it: one look at the job's usual pace starts the count again.
+means slow at every judgement in it: one look at the job's usual pace starts the count again. A named
+rank keeps pace again once its own work stays below KEEPING (15 %) above the others' median for the
+window too: a rank whose figure wavers about the bound (a loaded host: 1.27 then 1.4 times the others')
+was named, said to keep pace, and named again within a minute.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 SLOWER = 0.3  # how much more own work per step than the other ranks' median makes a rank slow
+KEEPING = 0.15  # how much more a named rank may do and keep pace again (below SLOWER: no flapping about one bound)
 SPAN_S = 15.0  # the reports a rank's figure is the median of
 MIN_REPORTS = 3
 
@@ -108,6 +112,7 @@ class Judge:
     def __init__(self, window: float):
         self.window = window
         self._since: dict[int, float] = {}
+        self._keeping: dict[int, float] = {}  # a named rank -> since when it has kept pace
         self.named: dict[int, Straggler] = {}
 
     def update(self, paces: Sequence[Pace], world_size: int, now: float) -> tuple[list[Straggler], list[Straggler]]:
@@ -126,12 +131,17 @@ class Judge:
                 named.append(self.named[rank])
         recovered = []
         by_rank = {p.rank: p for p in paces}
-        for rank in [r for r in self.named if r not in found]:
-            gone = self.named.pop(rank)
+        for rank in list(self.named):
             pace = by_rank.get(rank)
             others = [p.busy_s for r, p in by_rank.items() if r != rank]
-            recovered.append(Straggler(rank, gone.node, pace.busy_s if pace else 0.0,
-                                       statistics.median(others) if others else 0.0, gone.since))
+            median = statistics.median(others) if others else 0.0
+            if pace is not None and median > 0 and pace.busy_s >= median * (1 + KEEPING):
+                self._keeping.pop(rank, None)  # still slow, or between the two bounds: still named
+                continue
+            if now - self._keeping.setdefault(rank, now) >= self.window:
+                gone = self.named.pop(rank)
+                del self._keeping[rank]
+                recovered.append(Straggler(rank, gone.node, pace.busy_s if pace else 0.0, median, gone.since))
         return named, recovered
 
 

@@ -27,11 +27,16 @@ where the dropped node held rank 0, the others waited for its address until the 
 the node that completes a round records its participants, numbered, in the shared state, and each node
 takes its rank and the world size from that record: the same on every node. A node that died meanwhile
 is still in its round's world, as it is in torch when it dies a moment later: the others' first
-collective or store wait fails and the next round goes on without it.
+collective or store wait fails and the next round goes on without it. And the dropped node itself, alive
+but late: torch found it outside a completed round and put it on the wait list for the next one, while
+the others waited for it in this one until the store's timeout (seen in CI: a round of three whose
+rank 0 waited 60 s for rank 1's worker count). Here a node that joined the round in this process, and
+has not left it since (next_rendezvous' exit), finishes its join as one of the round's world.
 
 torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
-_add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`
-and `round`, and the handler's `_this_node`, `_state_holder` and `_get_world()`.
+_add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`,
+`round`, `complete` and `closed`, the handler's `_this_node`, `_state_holder` and `_get_world()`, and the join and
+exit operations' __call__(ctx, deadline) (_RendezvousJoinOp, _RendezvousExitOp; _Action.FINISH).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ STATE_ATTR = "trainpod_node_ranks"  # on torch's _RendezvousState: {node descrip
 ROUND_ATTR = "trainpod_completed"  # on torch's _RendezvousState: (round, {node descriptor: rank}) as it completed
 
 _wanted: dict = {}  # node descriptor of a handler in this process -> the node rank the platform gave it
+_joined: dict = {}  # node descriptor of a handler in this process -> the round it joined and has not left since
 logger = logging.getLogger(__name__)
 
 
@@ -95,6 +101,12 @@ def torch_internals_missing() -> list[str]:
         "_mark_rendezvous_complete() (where torch numbers the nodes)":
             lambda: "sorted(state.participants)" in inspect.getsource(torchs("_mark_rendezvous_complete")),
         "DynamicRendezvousHandler._this_node": lambda: "self._this_node = node" in inspect.getsource(handler.__init__),
+        "_RendezvousJoinOp.__call__(ctx, deadline) (a node finishing its join)":
+            lambda: "if state.complete and is_participant:" in inspect.getsource(
+                getattr(dynamic_rendezvous._RendezvousJoinOp.__call__, "torch_method", dynamic_rendezvous._RendezvousJoinOp.__call__)),
+        "_RendezvousExitOp.__call__(ctx, deadline) (a node leaving its round)":
+            lambda: "_Action.REMOVE_FROM_PARTICIPANTS" in inspect.getsource(
+                getattr(dynamic_rendezvous._RendezvousExitOp.__call__, "torch_method", dynamic_rendezvous._RendezvousExitOp.__call__)),
         "DynamicRendezvousHandler._get_world() (a node's rank and world size)":
             lambda: "state.participants[self._this_node], len(state.participants)" in inspect.getsource(
                 getattr(handler._get_world, "torch_method", handler._get_world)),
@@ -113,15 +125,31 @@ def torch_internals_missing() -> list[str]:
 @functools.cache
 def _install() -> None:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler as Handler
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _DistributedRendezvousOpExecutor as Executor
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp as ExitOp
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousJoinOp as JoinOp
 
     torch_add, torch_complete, torch_world = Executor._add_to_participants, Executor._mark_rendezvous_complete, Handler._get_world
+    torch_join, torch_exit = JoinOp.__call__, ExitOp.__call__
 
     def _add_to_participants(self) -> None:
         rank = _wanted.get(self._node)
         if rank is not None:  # said first: the last node to join completes the round inside torch's method
             self._state.__dict__.setdefault(STATE_ATTR, {})[self._node] = rank
+        _joined[self._node] = self._state.round
         torch_add(self)
+
+    def join(self, ctx, deadline: float):
+        state = ctx.state
+        if (state.complete and not state.closed and ctx.node not in state.participants
+                and _joined.get(ctx.node) == state.round and completed_world(state, ctx.node) is not None):
+            return _Action.FINISH  # dropped as its round completed: still one of its world (the module docstring)
+        return torch_join(self, ctx, deadline)
+
+    def exit(self, ctx, deadline: float):
+        _joined.pop(ctx.node, None)  # leaving its round (next_rendezvous' first step): a member of none until it joins
+        return torch_exit(self, ctx, deadline)
 
     def _mark_rendezvous_complete(self) -> None:
         torch_complete(self)
@@ -143,6 +171,8 @@ def _install() -> None:
     _add_to_participants.torch_method = torch_add  # type: ignore[attr-defined]
     _mark_rendezvous_complete.torch_method = torch_complete  # type: ignore[attr-defined]
     _get_world.torch_method = torch_world  # type: ignore[attr-defined]
+    join.torch_method, exit.torch_method = torch_join, torch_exit  # type: ignore[attr-defined]
     Executor._add_to_participants = _add_to_participants
     Executor._mark_rendezvous_complete = _mark_rendezvous_complete
     Handler._get_world = _get_world
+    JoinOp.__call__, ExitOp.__call__ = join, exit

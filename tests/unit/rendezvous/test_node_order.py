@@ -1,6 +1,7 @@
 """trainpod.rendezvous.node_order: a fixed-size job's nodes get the ranks the platform numbered them with."""
 
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -119,3 +120,29 @@ def test_a_round_without_a_record_or_of_another_round_is_numbered_by_torch():
     setattr(state, node_order.ROUND_ATTR, (3, {"a": 0, "b": 1}))
     assert node_order.completed_world(state, "b") == (1, 2)
     assert node_order.completed_world(state, "c") is None
+
+
+def test_a_node_dropped_as_its_round_completed_finishes_its_join_in_it_until_it_leaves():
+    # CI: the node dropped (its heartbeat late) found itself outside the completed round and waited for the next one,
+    # while the other two waited 60 s in this one for its worker count.
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        _Action,
+        _RendezvousContext,
+        _RendezvousExitOp,
+        _RendezvousJoinOp,
+    )
+
+    made, _ = handlers(3, "dropped-joining")
+    for handler in made:
+        node_order.hold(handler)
+    rendezvous_worlds(made)
+    late = made[1]
+    drop(late, late)
+    state = late._state_holder.state
+    context = _RendezvousContext(late._this_node, state, late._settings)
+    far = time.monotonic() + 60
+    assert state.complete and late._this_node not in state.participants
+    assert _RendezvousJoinOp()(context, far) == _Action.FINISH  # a member of the round it joined
+    assert late._get_world() == (1, 3)
+    assert _RendezvousExitOp()(context, far) == _Action.FINISH  # leaving (not a participant: nothing to remove)
+    assert _RendezvousJoinOp()(context, far) == _Action.ADD_TO_WAIT_LIST  # then it waits for the next round, as torch
