@@ -35,7 +35,8 @@ and the harness does the rest, the same way for each:
   --checkpoint-dir that is not shared by every node) are one line and 78.
 - evaluation (accuracy on the test set, sharded over the ranks) and metrics: `metrics.json` in
   --output-dir and one `trainpod-metrics:` line: the loss curve, samples/s, world size, the
-  numeric path, and the checksum of every rank's final weights (equal on every rank).
+  numeric path, and the checksum of every rank's final weights (equal on every rank); with
+  --tensorboard DIR, rank 0's TensorBoard scalars at each log point (trainpod.examples.tensorboard).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from trainpod import failpoints, settings
 from trainpod.contract import CHECKPOINT_DIR_VAR, OUTPUT_DIR_VAR, WORKERS_VAR
 from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, invalid
-from trainpod.examples import precision, reporting
+from trainpod.examples import precision, reporting, tensorboard
 from trainpod.examples.elastic import BATCH_LR_RULE, ElasticFeed
 from trainpod.settings import BACKEND, Boolean, Choice, Integer, Number, Setting, Values
 from trainpod.train import distributed, inprocess, progress
@@ -100,6 +101,8 @@ COMMON = (
             var=WORKERS_VAR),
     Setting("max_steps", "stop after this many steps", Integer(1), var="TRAINPOD_MAX_STEPS"),
     Setting("log_every", "steps between loss log points", Integer(1), var="TRAINPOD_LOG_EVERY", default=10),
+    Setting("tensorboard", "rank 0 writes TensorBoard scalars here: loss, samples/s, LR, world size, test accuracy",
+            var="TRAINPOD_TENSORBOARD", metavar="DIR"),
     Setting("checkpoint_dir", "save checkpoints here and resume from the newest; shared by all nodes (rank 0 writes)",
             var=CHECKPOINT_DIR_VAR, metavar="DIR"),
     Setting("checkpoint_every", "steps between checkpoints", Integer(1), var="TRAINPOD_CHECKPOINT_EVERY", default=10),
@@ -424,6 +427,7 @@ def train_rank(recipe: Recipe, args: Values, grace: float, started: float) -> in
         # First, before the data and the process group: an unusable directory (78) or a full disk
         # (73) ends every rank here, and none is left waiting in init_process_group for a peer.
         checkpointer.check(write=rank == 0)
+    tensorboard.check(args.tensorboard, rank)  # the same: an unusable directory ends rank 0 before any rank waits
     device = device_for(recipe, args.backend)
     path = precision.choose(args.amp, getattr(args, "apex", None), device, dtype=args.amp_dtype,
                             origin=args.origins.get("apex", ""))
@@ -469,7 +473,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
     (Its name is what the hang watch's lines show: `stopped at examples/harness.py:N in train`.)"""
     rank, bar, checkpointer, device, path, data, workers = (run.rank, run.bar, run.checkpointer, run.device, run.path,
                                                              run.data, run.workers)
-    preemption = None
+    preemption = scalars = None
     try:
         world = dist.get_world_size()
         if recipe.parallel == "dp" and world > 1:
@@ -517,6 +521,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
         # is nothing to save, and a rank blocked in init_process_group (a restart whose peers are
         # gone) would hold a deferred SIGTERM until torchrun's SIGKILL, --term-grace later.
         preemption = Preemption(grace)
+        scalars = tensorboard.Scalars(args.tensorboard, rank, step)
         training_started = time.time()
         saved_step = step  # the last step whose state is checkpointed (and whose ledger is committed)
         own_work = 0.0  # seconds of the last forward and backward (failpoints.slow doubles them)
@@ -567,6 +572,8 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
                     loss_curve.append([step, loss])
                     window.zero_()
                     rate = throughput.window()
+                    scalars.add(step, train_loss=loss, train_samples_per_sec=rate or None,
+                                train_lr=optimizer.param_groups[0]["lr"], train_world_size=world)
                 bar.update(epoch, step, loss, rate, log_point)
                 checkpoint_step = checkpointer is not None and step % args.checkpoint_every == 0
                 if checkpoint_step:
@@ -608,6 +615,8 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
         rank_checksums: list[str | None] = [None] * world
         dist.all_gather_object(rank_checksums, checksum)
 
+        scalars.add(step, test_accuracy=accuracy)
+        scalars.close()
         if rank == 0:
             metrics = {
                 "example": recipe.name,
@@ -661,5 +670,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
     finally:
         if preemption is not None:
             preemption.close()
+        if scalars is not None:
+            scalars.close()
         distributed.shutdown(barrier=False)  # after an error; a no-op after the clean shutdown
     return 0

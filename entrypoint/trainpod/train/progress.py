@@ -52,8 +52,9 @@ __all__ = ["Record", "committed", "encode", "finished", "measure", "read", "step
 PR_SET_PTRACER = 0x59616D61
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 # Fixed width: an overwrite never leaves a tail.
-_FORMAT = "{step:20d} {committed:20d} {time:20.3f} {finished:1d} {busy:14.6f} {samples:20d}\n"
-_RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0, finished=0, busy=0.0, samples=0))
+_FORMAT = "{step:20d} {committed:20d} {time:20.3f} {finished:1d} {busy:14.6f} {samples:20d} {save:14.6f} {stall:14.6f}\n"
+_RECORD_BYTES = len(_FORMAT.format(step=0, committed=0, time=0.0, finished=0, busy=0.0, samples=0, save=0.0, stall=0.0))
+_SECONDS_MAX = 9_999_999.0  # what a field of 14 characters holds with 6 decimals
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,15 @@ class Record:
     finished: bool = False  # the script's training is over on every rank (finished()); it is tearing down
     busy: float = 0.0  # seconds of this rank's own work in its last step (measure()); 0: not measured
     samples: int = 0  # samples this process trained on so far, where the script says (step(n, samples=...))
+    save: float = 0.0  # seconds from the last committed checkpoint's save() to its commit (committed()); 0: none
+    stall: float = 0.0  # seconds that save() held the training loop (the previous write, the copy); 0: none
 
 
 def encode(record: Record) -> bytes:
     """The record as its rank writes it: one fixed-width line (read() reads it back)."""
     return _FORMAT.format(step=record.step, committed=record.committed, time=record.time, finished=record.finished,
-                          busy=min(record.busy, 9_999_999.0), samples=record.samples).encode()
+                          busy=min(record.busy, _SECONDS_MAX), samples=record.samples, save=min(record.save, _SECONDS_MAX),
+                          stall=min(record.stall, _SECONDS_MAX)).encode()
 
 
 class _Reporter:
@@ -81,12 +85,15 @@ class _Reporter:
         self.finished = False
         self.busy = 0.0
         self.samples = 0
+        self.save = 0.0
+        self.stall = 0.0
 
     def report(self) -> None:
         if self._pid != os.getpid():  # first call, or a forked child (a DataLoader worker): its own state
             self._open()
         if self._fd is not None:
-            record = Record(self.step, self.committed, time.time(), self.finished, self.busy, self.samples)
+            record = Record(self.step, self.committed, time.time(), self.finished, self.busy, self.samples, self.save,
+                            self.stall)
             os.pwrite(self._fd, encode(record), 0)
 
     def _open(self) -> None:
@@ -239,9 +246,15 @@ def measure(model) -> None:
     _compute.watch(model)
 
 
-def committed(n: int) -> None:
-    """The checkpoint of step `n` is committed (durable). trainpod.train.checkpoint calls it for you."""
+def committed(n: int, save_seconds: float | None = None, stall_seconds: float | None = None) -> None:
+    """The checkpoint of step `n` is committed (durable). trainpod.train.checkpoint calls it for you, with how long
+    its save took to commit (`save_seconds`, in the background) and held the training loop (`stall_seconds`), for
+    the node's metrics (trainpod_checkpoint_save_seconds, trainpod_checkpoint_stall_seconds)."""
     _reporter.committed = int(n)
+    if save_seconds is not None:
+        _reporter.save = max(0.0, float(save_seconds))
+    if stall_seconds is not None:
+        _reporter.stall = max(0.0, float(stall_seconds))
     _reporter.report()
 
 
@@ -267,8 +280,9 @@ def read(directory: str | os.PathLike) -> dict[int, Record]:
                 fields = f.read(_RECORD_BYTES).split()
             busy = float(fields[4]) if len(fields) > 4 else 0.0  # a record of an older trainpod has none
             samples = int(fields[5]) if len(fields) > 5 else 0
+            save, stall = (float(fields[6]), float(fields[7])) if len(fields) > 7 else (0.0, 0.0)
             records[int(name[4:])] = Record(int(fields[0]), int(fields[1]), float(fields[2]), fields[3:4] == [b"1"], busy,
-                                            samples)
+                                            samples, save, stall)
         except (OSError, ValueError, IndexError):
             continue  # being written for the first time: read it at the next look
     return records

@@ -57,3 +57,17 @@ def test_measure_reports_a_steps_own_work_not_its_wait_for_the_others(tmp_path, 
 def test_a_record_without_the_busy_field_reads_as_not_measured(tmp_path):
     (tmp_path / "rank0").write_bytes(b"%20d %20d %20.3f %1d\n" % (4, 2, 1.5, 0))  # an older trainpod's record
     assert progress.read(tmp_path)[0] == progress.Record(4, 2, 1.5, False, 0.0, 0)
+
+
+def test_a_commit_reports_how_long_its_save_took_and_held_the_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv(PROGRESS_DIR_VAR, str(tmp_path))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(progress, "_reporter", progress._Reporter())
+    progress.committed(8, save_seconds=1.25, stall_seconds=0.125)
+    progress.step(9)
+    record = progress.read(tmp_path)[0]
+    assert (record.committed, record.save, record.stall) == (8, 1.25, 0.125)
+    progress.committed(8)  # a resumed checkpoint's step: the last save's figures stay
+    assert progress.read(tmp_path)[0].save == 1.25
+    huge = progress.Record(1, 1, 1.0, save=1e12, stall=1e12)  # capped: the record keeps its width
+    assert len(progress.encode(huge)) == progress._RECORD_BYTES

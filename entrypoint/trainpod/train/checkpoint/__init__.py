@@ -28,7 +28,10 @@ Errors and their exit codes (CheckpointError.exit_code, for a script that exits 
 
 Progress. Each commit is reported to the agent with trainpod.train.progress.committed(step), and so is
 the checkpoint load_latest() resumed from: `trainpod run` gives the restart budget back when a job
-committed a newer checkpoint since its last failure (trainpod.supervisor.restarts).
+committed a newer checkpoint since its last failure (trainpod.supervisor.restarts). A commit also
+reports how long its save took, from save() to the commit, and how long save() held the training loop
+(waiting for the previous write, then copying the state): the agent serves both as metrics
+(--metrics-port: trainpod_checkpoint_save_seconds, trainpod_checkpoint_stall_seconds).
 
 Files. Step 1234 is `ckpt-00001234.pt` (what torch.save wrote) plus `ckpt-00001234.json`, its
 manifest: format, version, step, file, size, sha256, created, torch version. The manifest is the
@@ -143,6 +146,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable
@@ -332,9 +336,11 @@ class _HashingWriter:
 
 
 class _Job:
-    def __init__(self, step: int, state: Any):
+    def __init__(self, step: int, state: Any, started: float, stall: float):
         self.step = step
         self.state = state
+        self.started = started  # time.monotonic() as save() was called
+        self.stall = stall  # seconds save() held its caller: the previous write, then the copy
         self.os_error: OSError | None = None
 
 
@@ -393,6 +399,7 @@ class Checkpointer:
         if the previous save failed (this state is then not saved) or after close().
         """
         step = _check_step(step)
+        started = time.monotonic()
         with self._cond:
             if self._closed:
                 raise CheckpointError(f"checkpoint step {step} not saved: the Checkpointer for {self.directory} is closed")
@@ -408,7 +415,7 @@ class Checkpointer:
             with self._cond:
                 self._spare = spare
             raise CheckpointError(f"checkpoint step {step} not saved: cannot copy the state ({type(exc).__name__}: {exc})") from exc
-        job = _Job(step, state_copy)
+        job = _Job(step, state_copy, started, time.monotonic() - started)
         with self._cond:
             # Not a daemon: at interpreter exit the save in flight completes instead of vanishing.
             writer = threading.Thread(target=self._run, args=(job,), name="trainpod-checkpoint-writer", daemon=False)
@@ -552,7 +559,7 @@ class Checkpointer:
         error = None
         try:
             self._write(job)
-            progress.committed(job.step)
+            progress.committed(job.step, save_seconds=time.monotonic() - job.started, stall_seconds=job.stall)
         except BaseException as exc:
             error = self._failure(job, exc)
             self._log(str(error))

@@ -318,10 +318,17 @@ def test_commits_and_the_resumed_step_are_reported_as_progress(tmp_path, monkeyp
     with Checkpointer(tmp_path / "ckpt", log=lambda line: None) as ckpt:
         ckpt.save(4, {"v": 4})
         ckpt.wait()
-        assert progress.read(tmp_path / "progress")[0].committed == 4
+        record = progress.read(tmp_path / "progress")[0]
+        assert record.committed == 4
+        # How long the save took to commit, and held its caller: a part of it (the metrics' checkpoint figures).
+        assert record.save > 0 and 0 <= record.stall <= record.save, record
+        ckpt.save(5, {"v": 5})
+        ckpt.wait()
+        assert progress.read(tmp_path / "progress")[0].committed == 5
     monkeypatch.setattr(progress, "_reporter", progress._Reporter())  # a restarted rank
-    assert Checkpointer(tmp_path / "ckpt", log=lambda line: None).load_latest()[0] == 4
-    assert progress.read(tmp_path / "progress")[0].committed == 4
+    assert Checkpointer(tmp_path / "ckpt", log=lambda line: None).load_latest()[0] == 5
+    record = progress.read(tmp_path / "progress")[0]
+    assert (record.committed, record.save, record.stall) == (5, 0.0, 0.0)  # resumed from, not saved by this rank
 
 
 # --- kills and exits: child processes -------------------------------------------------------------
