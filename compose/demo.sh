@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the 2-node OpenPAI job of compose/pai-2node on this machine (CIFAR-10 DDP, or the example
-# TRAINPOD_EXAMPLE names) and print its final metrics. Exits with the job's own result: non-zero
-# if either node failed.
+# TRAINPOD_EXAMPLE names), print its final metrics and draw its report (build/demo/output/report.html).
+# Exits with the job's own result: non-zero if either node failed.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,5 +38,17 @@ if metrics=$(docker cp "$("${compose[@]}" ps -a -q node0)":/workspace/output/met
 else
     echo "demo: no metrics.json on the shared volume" >&2
     status=1
+fi
+
+# The run's report (trainpod report): the shared output directory (every node's records, metrics.json) copied out
+# and drawn into one HTML file. It is said in one line either way, and never changes the demo's result.
+output="$(cd "$here/.." && pwd)/build/demo/output"
+rm -rf "$output" && mkdir -p "$(dirname "$output")"
+if ! docker cp "$("${compose[@]}" ps -a -q node0)":/workspace/output "$output" >/dev/null 2>&1; then
+    echo "demo: no report: the shared output directory could not be copied out of node0" >&2
+elif report=$("${PYTHON:-python3}" -m trainpod report "$output"); then
+    echo "report: $report"
+else
+    echo "demo: no report: trainpod report failed on $output (its line above)" >&2
 fi
 exit "$status"

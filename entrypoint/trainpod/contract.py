@@ -42,6 +42,8 @@ STOP_SIGNAL_FILE = "stop-signal"  # in the supervisor's directory: the signal ru
 LOCK_FILE = ".trainpod-job.lock"  # in each output and checkpoint directory (trainpod.supervisor.dirlock)
 HANGS_DIR = "hangs"  # under the output directory: the stacks of a hang
 STRAGGLERS_FILE = "stragglers.jsonl"  # under the output directory: the straggler watch's events
+RECORDS_DIR = "records"  # under the output directory: each node's run records (trainpod.records)
+REPORT_FILE = "report.html"  # under the output directory: what `trainpod report` writes (trainpod.launcher.report)
 PROGRESS_DIR = "progress"  # in the supervisor's directory: the ranks' progress files (it outlives an agent)
 
 # --- exit codes ----------------------------------------------------------------------------------

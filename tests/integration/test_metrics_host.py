@@ -1,8 +1,9 @@
 """The metrics endpoint on this host, as `trainpod run --metrics-port` serves it: a 2-rank CIFAR-10 job whose rank is
 killed once (TRAINPOD_FAILPOINTS=checkpoint-write@20: a SIGKILL mid-checkpoint), scraped every half second with a
 real HTTP client and parsed with prometheus_client's parser. While it trains: each rank's step, steps, samples and
-step-time quantiles, the world and node count. After the kill: one restart of cause `failure`, one recovery, timed.
-A port that is taken ends the node with 78 and one line. The figures' arithmetic is test_metrics' (unit)."""
+step-time quantiles, the world and node count. After the kill: one restart of cause `failure`, one recovery, timed,
+and the checkpoint figures; the run's records (trainpod.records) hold the same events. A port that is taken ends the
+node with 78 and one line. The figures' arithmetic is test_metrics' (unit)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fixtures.ports import free_port
 from fixtures.processes import host_env, trainpod_run, wait_logged
+from trainpod import records
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +67,19 @@ def test_a_jobs_steps_samples_restart_and_recovery_are_served_while_it_runs(tmp_
     assert recovered[("trainpod_restarts_total", (("cause", "failure"),))] == 1, recovered
     assert 0 < recovered[("trainpod_recovery_seconds", ())] < 120, recovered
     assert recovered[("trainpod_committed_step", ())] >= 10, recovered
+    saves = {labels: value for (name, labels), value in recovered.items() if name == "trainpod_checkpoint_save_seconds"}
+    stalls = {labels: value for (name, labels), value in recovered.items() if name == "trainpod_checkpoint_stall_seconds"}
+    assert saves and all(value > 0 for value in saves.values()) and set(stalls) == set(saves), recovered  # step 10's
     assert recovered[("trainpod_world_size", ())] == 2, recovered
+    # The same events and the ranks' progress, as the run's records `trainpod report` draws (trainpod.records).
+    found = records.read(tmp_path / "out")
+    kinds = [r.kind for r in found]
+    assert kinds.count("started") == 2 and kinds.count("failed") == 1 and kinds.count("recovered") == 1, kinds
+    assert found[kinds.index("failed")].fields == {"cause": "failure", "restarting": True}, found
+    assert {r.get("rank") for r in found if r.kind == "progress"} == {0, 1}, kinds
+    assert max(r.get("step") for r in found if r.kind == "progress") == 160
+    assert any(r.kind == "checkpoint" and r.get("save_s") > 0 for r in found), kinds
+    assert [p.name for p in (tmp_path / "out" / "records").iterdir()] == [records.node_file(tmp_path, socket.gethostname()).name]
     print(f"\nrecovery {recovered[('trainpod_recovery_seconds', ())]:.2f} s; "
           f"step time p50 {training[('trainpod_step_seconds', (('quantile', '0.5'), ('rank', '0')))]:.3f} s")
 

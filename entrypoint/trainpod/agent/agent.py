@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 
-from trainpod import log
+from trainpod import log, records
 from trainpod.agent import hang, hangwatch, metrics, policy, ranklog, stragglerwatch
 from trainpod.contract import AGENT_PID_VAR, OUTPUT_DIR_VAR, PROGRESS_DIR_VAR, RDZV_BASE_ID_VAR, RDZV_GENERATION_VAR
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, TrainpodError
@@ -313,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[OUTPUT_DIR_VAR] = run_spec.target.output_dir
     watch = hangwatch.Watch.wanted(run_spec.hang_timeout, node, say)  # --hang-timeout, None when 0
     stragglers = stragglerwatch.StragglerWatch.wanted(run_spec.straggler_window, node, say, os.environ)
-    if run_spec.metrics_port:
+    # The run's records go to the output directory, where there is one (trainpod.records: `trainpod report` draws them).
+    output = os.environ.get(OUTPUT_DIR_VAR, "").strip()
+    if run_spec.metrics_port or output:
         try:
-            metrics.serve(run_spec.metrics_port, os.environ[PROGRESS_DIR_VAR])
+            metrics.start(os.environ[PROGRESS_DIR_VAR], run_spec.metrics_port,
+                          records.Writer(output, say) if output else None)
         except OSError as error:  # the port is taken, or not ours to bind: a configuration error, not retried
             say(f"error: --metrics-port {run_spec.metrics_port}: cannot serve the metrics there: {error.strerror or error}")
             return EXIT_CONFIG

@@ -228,6 +228,8 @@ class Watch:
             self._verdict = verdict
         if (figures := metrics.recorder()) is not None:
             figures.count("trainpod_hangs_total")
+            figures.event("hang", ranks=sorted(view.rank for view in verdict.behind), stalled_s=round(verdict.stalled_for, 3),
+                          limit_s=round(verdict.limit, 3))
         try:
             try:
                 directory, note = self._write(verdict, trackers)

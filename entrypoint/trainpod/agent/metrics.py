@@ -1,4 +1,5 @@
-"""The node's metrics for Prometheus (--metrics-port): what this node's agent knows, served over HTTP.
+"""The node's metrics for Prometheus (--metrics-port), and the run's records (trainpod.records): what this node's
+agent knows, served over HTTP and appended to <output>/records/<host>.jsonl for `trainpod report`.
 
     trainpod run --metrics-port 9400 ...        # then: curl http://<node>:9400/metrics
 
@@ -17,10 +18,15 @@ METRICS is the one table of their names, types, labels and meanings (Prometheus'
 `trainpod_` prefix, base units, `_total` for counters); docs/metrics.md is generated from it. Off by
 default: a port on every node is something a job exposes only when asked. The server listens on every
 interface (Prometheus scrapes the nodes from elsewhere); it serves nothing but these figures.
+
+The same Recorder writes the run's records wherever the job has an output directory (the example's
+--output-dir, TRAINPOD_OUTPUT_DIR), with or without a port: each event as it happens, and each local
+rank's progress once a second while it advances (trainpod.records lists the kinds and their fields).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
@@ -29,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainpod import records as run_records
 from trainpod.train import progress
 
 SAMPLE_S = 1.0
@@ -56,6 +63,10 @@ METRICS = (
            "the others (progress.measure(); the straggler watch compares it)"),
     Metric("trainpod_committed_step", "gauge", (), "the newest step whose checkpoint a rank of this node reported "
            "committed (-1: none)"),
+    Metric("trainpod_checkpoint_save_seconds", "gauge", ("rank",), "the rank's last committed checkpoint: from its "
+           "save() to its commit, the write running beside training (trainpod.train.checkpoint)"),
+    Metric("trainpod_checkpoint_stall_seconds", "gauge", ("rank",), "how long the rank's last committed checkpoint's "
+           "save() held its training loop: waiting for the previous write, then copying the state"),
     Metric("trainpod_world_size", "gauge", (), "ranks in the worker group now running (0: none)"),
     Metric("trainpod_nodes", "gauge", (), "nodes in the worker group now running (0: none)"),
     Metric("trainpod_restarts_total", "counter", ("cause",), "worker-group restarts this node's agent made, by cause: "
@@ -76,6 +87,7 @@ class _Rank:
     def __init__(self) -> None:
         self.step = -1
         self.samples = 0
+        self.committed = -1  # the last commit seen (a checkpoint record for each new one this rank saved)
         self.seen: tuple[int, float] | None = None  # (step, its report's time) at the last look
         self.steps: deque[float] = deque(maxlen=STEP_WINDOW)
 
@@ -83,8 +95,9 @@ class _Rank:
 class Recorder:
     """The figures, kept between scrapes; the agent's parts report events to it, a thread samples the ranks."""
 
-    def __init__(self, progress_dir: str | Path):
+    def __init__(self, progress_dir: str | Path, records: run_records.Writer | None = None):
         self.progress_dir = Path(progress_dir)
+        self.records = records  # the run's records, where the job has an output directory
         self.lock = threading.Lock()
         self.counters: dict[tuple[str, tuple[str, ...]], float] = {}
         self.gauges: dict[tuple[str, tuple[str, ...]], float] = {("trainpod_committed_step", ()): -1,
@@ -105,6 +118,11 @@ class Recorder:
         with self.lock:
             self.gauges[(name, labels)] = value
 
+    def event(self, kind: str, at: float | None = None, **fields) -> None:
+        """A run record of `kind` (trainpod.records.KINDS) at `at` (time.time() when None)."""
+        if self.records is not None:
+            self.records.write(kind, time.time() if at is None else at, **fields)
+
     def group_started(self, local_to_global: Mapping[int, int], world_size: int, nodes: int) -> None:
         with self.lock:
             self.local, self.started = dict(local_to_global), time.time()
@@ -112,6 +130,7 @@ class Recorder:
             self.gauges[("trainpod_nodes", ())] = nodes
             for rank in self.local.values():
                 self.gauges.setdefault(("trainpod_straggler", (str(rank),)), 0)
+        self.event("started", at=self.started, world=world_size, nodes=nodes, ranks=sorted(local_to_global.values()))
 
     def group_failed(self, cause: str, restarting: bool) -> None:
         if restarting:
@@ -123,17 +142,20 @@ class Recorder:
             self.local, self.started = {}, float("inf")
             self.gauges[("trainpod_world_size", ())] = 0
             self.gauges[("trainpod_nodes", ())] = 0
+        self.event("failed", cause=cause, restarting=restarting)
 
     # --- the ranks' reports -----------------------------------------------------------------------
 
     def sample(self) -> None:
         records = progress.read(self.progress_dir)
+        events: list[tuple] = []  # written once the lock is released: a slow disk never holds a scrape
         with self.lock:
             for local, rank in self.local.items():
                 record = records.get(local)
                 if record is None or record.time < self.started:
                     continue  # none yet, or the last group's
                 state = self.ranks.setdefault(rank, _Rank())
+                per_step = None
                 if state.seen is not None and record.step > state.seen[0] and record.time > state.seen[1]:
                     advanced = record.step - state.seen[0]
                     per_step = (record.time - state.seen[1]) / advanced
@@ -149,11 +171,25 @@ class Recorder:
                     if self.failed_at is not None and record.step >= 0:  # the first step since the failure
                         self.gauges[("trainpod_recovery_seconds", ())] = record.time - self.failed_at
                         self.counters[("trainpod_recoveries_total", ())] = self.counters.get(("trainpod_recoveries_total", ()), 0) + 1
+                        events.append(("recovered", record.time, {"seconds": round(record.time - self.failed_at, 3),
+                                                                  "step": record.step}))
                         self.failed_at = None
+                    if record.step >= 0:
+                        events.append(("progress", record.time, {
+                            "rank": rank, "step": record.step, "samples": record.samples, "own_s": round(record.busy, 6),
+                            "step_s": None if per_step is None else round(per_step, 6)}))
                     state.seen = (record.step, record.time)
                 state.step = record.step
                 self.gauges[("trainpod_step", (str(rank),))] = record.step
                 self.gauges[("trainpod_own_work_seconds", (str(rank),))] = record.busy
+                if record.save:  # a checkpoint this rank saved and committed (a resumed one reports none)
+                    self.gauges[("trainpod_checkpoint_save_seconds", (str(rank),))] = record.save
+                    self.gauges[("trainpod_checkpoint_stall_seconds", (str(rank),))] = record.stall
+                    if record.committed > state.committed:
+                        events.append(("checkpoint", record.time, {"rank": rank, "step": record.committed,
+                                                                   "save_s": round(record.save, 6),
+                                                                   "stall_s": round(record.stall, 6)}))
+                state.committed = max(state.committed, record.committed)
                 if state.steps:
                     ordered = sorted(state.steps)
                     for q in QUANTILES:
@@ -162,6 +198,8 @@ class Recorder:
             committed = max((r.committed for r in records.values()), default=-1)
             if committed > self.gauges[("trainpod_committed_step", ())]:
                 self.gauges[("trainpod_committed_step", ())] = committed
+        for kind, at, fields in events:
+            self.event(kind, at=at, **fields)
 
     # --- prometheus_client's side -----------------------------------------------------------------
 
@@ -190,20 +228,22 @@ _recorder: Recorder | None = None
 
 
 def recorder() -> Recorder | None:
-    """This agent's Recorder, None where --metrics-port is 0."""
+    """This agent's Recorder, None where it serves no metrics and writes no records."""
     return _recorder
 
 
-def serve(port: int, progress_dir: str | Path, address: str = "0.0.0.0") -> Recorder:
-    """Start the HTTP server and the sampling thread; OSError where the port cannot be bound."""
+def start(progress_dir: str | Path, port: int = 0, records: run_records.Writer | None = None,
+          address: str = "0.0.0.0") -> Recorder:
+    """The Recorder and its sampling thread; with a `port`, the HTTP server first (OSError where it cannot be bound)."""
     global _recorder
-    from prometheus_client import start_http_server
-    from prometheus_client.registry import CollectorRegistry
+    recorder_ = Recorder(progress_dir, records)
+    if port:
+        from prometheus_client import start_http_server
+        from prometheus_client.registry import CollectorRegistry
 
-    recorder_ = Recorder(progress_dir)
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(recorder_)
-    start_http_server(port, addr=address, registry=registry)
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(recorder_)
+        start_http_server(port, addr=address, registry=registry)
 
     def sample_forever() -> None:
         while True:
@@ -211,7 +251,12 @@ def serve(port: int, progress_dir: str | Path, address: str = "0.0.0.0") -> Reco
             with contextlib.suppress(Exception):  # the figures must never take the agent down
                 recorder_.sample()
 
+    def last_look() -> None:  # the ranks' last steps and commits, made after the last sample: the job's end in the records
+        with contextlib.suppress(Exception):
+            recorder_.sample()
+
     threading.Thread(target=sample_forever, name="trainpod-metrics", daemon=True).start()
+    atexit.register(last_look)
     _recorder = recorder_
     return recorder_
 

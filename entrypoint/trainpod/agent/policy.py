@@ -447,6 +447,7 @@ class AgentPolicy:
         forgiven = provisional is not None or (counted and not self._own)
         if (figures := metrics.recorder()) is not None:
             figures.count("trainpod_membership_changes_total")
+            figures.event("membership", nodes=after, before=before)
         self._say(f"the job now has {after} node(s), {before} before: a membership change"
                   + (", not counted against --max-restarts" if forgiven else "")
                   + (" (this node's ranks failed on their own: that restart stays counted)" if counted and self._own else ""))

@@ -105,8 +105,11 @@ class StragglerWatch:
             for straggler in named:
                 figures.count("trainpod_stragglers_total")
                 figures.set("trainpod_straggler", 1, str(straggler.rank))
+                figures.event("straggler", at=now, rank=straggler.rank, own_s=straggler.busy_s, others_s=straggler.others_s)
             for straggler in recovered:
                 figures.set("trainpod_straggler", 0, str(straggler.rank))
+                figures.event("straggler", at=now, rank=straggler.rank, own_s=straggler.busy_s, others_s=straggler.others_s,
+                              recovered=True)
         events = [{"event": "straggler", "time": now, **s.to_dict()} for s in named]
         events += [{"event": "keeps pace", "time": now, **s.to_dict()} for s in recovered]
         if not events:

@@ -1,11 +1,12 @@
-"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`, `trainpod job`.
+"""The one CLI: `trainpod explain`, `trainpod run`, `trainpod examples`, `trainpod job`, `trainpod report`.
 
 Flags come from the settings table (trainpod.settings, plus each cluster source's own settings
 in environments/): every flag has its variable twin, and a bad value is one line naming the flag
 (64) or the variable (78). `run` resolves everything here, then hands the job to supervisord as
 a RunSpec (trainpod.runspec; trainpod.supervisor.job runs it: preflight, then torchrun's agent); `explain` stops before
 running and prints what `run` would do. `job` writes (prints) the job file of an example for a
-scheduler (trainpod.jobs), or launches it with --submit.
+scheduler (trainpod.jobs), or launches it with --submit. `report` draws a run's records and metrics.json into
+one HTML file (trainpod.launcher.report: files only, never torch).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from trainpod import __version__, contract, environments, jobs, log, settings
 from trainpod.agent import consistency, warm
 from trainpod.errors import EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
-from trainpod.launcher import left_out
+from trainpod.launcher import left_out, report
 from trainpod.launcher.launch import available_cpus, build_plan
 from trainpod.launcher.preflight import check_command
 from trainpod.launcher.resolve import Options, resolve_topology
@@ -114,7 +115,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("examples", help="list the bundled examples")
     _job_parser(commands, formatter)
+    _report_parser(commands, formatter)
     return parser
+
+
+def _report_parser(commands, formatter) -> None:
+    """`trainpod report OUTPUT_DIR [--out FILE]`: the run's records and metrics.json, drawn (trainpod.launcher.report)."""
+    report_parser = commands.add_parser(
+        "report", help="draw a run (its records and metrics.json) into one self-contained HTML file",
+        description="Draw the run in a job's output directory: loss, throughput, each rank's step time, world size, "
+        "checkpoints and events (failures, recoveries, membership changes, hangs, stragglers) on one time axis, from "
+        f"every node's {contract.RECORDS_DIR}/<host>.jsonl and rank 0's metrics.json. One HTML file that opens offline "
+        "(plotly.js inside); prints its path. Needs plotly: pip install 'trainpod[report]'.",
+        epilog="usage: trainpod report OUTPUT_DIR [--out FILE]\n\n" + EXIT_CODES, formatter_class=formatter)
+    report_parser.add_argument("output_dir", metavar="OUTPUT_DIR",
+                               help="the job's output directory (--output-dir, TRAINPOD_OUTPUT_DIR)")
+    report_parser.add_argument("--out", metavar="FILE", default=None,
+                               help=f"where to write the report (default: OUTPUT_DIR/{contract.REPORT_FILE})")
 
 
 def _job_parser(commands, formatter) -> None:
@@ -322,7 +339,12 @@ def cmd_job(args: argparse.Namespace, command: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples, "job": cmd_job}
+def cmd_report(args: argparse.Namespace, command: list[str]) -> int:
+    print(report.write(args.output_dir, args.out))
+    return 0
+
+
+COMMANDS = {"explain": cmd_explain, "run": cmd_run, "examples": cmd_examples, "job": cmd_job, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
