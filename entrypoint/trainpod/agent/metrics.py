@@ -87,7 +87,7 @@ class _Rank:
     def __init__(self) -> None:
         self.step = -1
         self.samples = 0
-        self.committed = -1  # the last commit seen (a checkpoint record for each new one this rank saved)
+        self.committed = -1  # the commit its last report named (a checkpoint record for each other one it saved)
         self.seen: tuple[int, float] | None = None  # (step, its report's time) at the last look
         self.steps: deque[float] = deque(maxlen=STEP_WINDOW)
 
@@ -185,11 +185,11 @@ class Recorder:
                 if record.save:  # a checkpoint this rank saved and committed (a resumed one reports none)
                     self.gauges[("trainpod_checkpoint_save_seconds", (str(rank),))] = record.save
                     self.gauges[("trainpod_checkpoint_stall_seconds", (str(rank),))] = record.stall
-                    if record.committed > state.committed:
+                    if record.committed != state.committed:  # a new commit (a step saved again after a resume too)
                         events.append(("checkpoint", record.time, {"rank": rank, "step": record.committed,
                                                                    "save_s": round(record.save, 6),
                                                                    "stall_s": round(record.stall, 6)}))
-                state.committed = max(state.committed, record.committed)
+                state.committed = record.committed
                 if state.steps:
                     ordered = sorted(state.steps)
                     for q in QUANTILES:

@@ -17,21 +17,21 @@ change: the workers of every rank connect to it as clients (the agent's store, t
 
 A round's world is the one it completed with, on every node (hold(), for every job on torch's dynamic
 rendezvous). torch gives a node its rank and world size from the state as that node last read it
-(DynamicRendezvousHandler._get_world: the participants map and its length), and every read first drops
-each node whose heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s by default),
-completed round or not. A node off the CPU for that long as its round completed (seen in CI, three
-trainers on two loaded cores) was dropped by the nodes that read the state after it: they started a
-world of two beside a third node that had started a world of three, the two trained as a job of their
-own until its agent timed out, and the job's membership went 2, 3, 4 where it was meant to go 3, 4;
-where the dropped node held rank 0, the others waited for its address until the store's timeout. Here
-the node that completes a round records its participants, numbered, in the shared state, and each node
-takes its rank and the world size from that record: the same on every node. A node that died meanwhile
-is still in its round's world, as it is in torch when it dies a moment later: the others' first
-collective or store wait fails and the next round goes on without it. And the dropped node itself, alive
-but late: torch found it outside a completed round and put it on the wait list for the next one, while
-the others waited for it in this one until the store's timeout (seen in CI: a round of three whose
-rank 0 waited 60 s for rank 1's worker count). Here a node that joined the round in this process, and
-has not left it since (next_rendezvous' exit), finishes its join as one of the round's world.
+(DynamicRendezvousHandler._get_world: the participants map and its length), and every read first drops each
+node whose heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s by torch's defaults, 3
+s by an elastic trainpod job's: trainpod.launcher.resolve), completed round or not. A node off the CPU for
+that long as its round completed (seen in CI, three trainers on two loaded cores) was dropped by the nodes
+that read the state after it: they started a world of two beside a third node that had started a world of
+three, the two trained as a job of their own until its agent timed out, and the job's membership went 2, 3,
+4 where it was meant to go 3, 4; where the dropped node held rank 0, the others waited for its address until
+the store's timeout. Here the node that completes a round records its participants, numbered, in the shared
+state, and each node takes its rank and the world size from that record: the same on every node. A node that
+died meanwhile is still in its round's world, as it is in torch when it dies a moment later: the others'
+first collective or store wait fails and the next round goes on without it. And the dropped node itself,
+alive but late: torch found it outside a completed round and put it on the wait list for the next one, while
+the others waited for it in this one until the store's timeout (seen in CI: a round of three whose rank 0
+waited 60 s for rank 1's worker count). Here a node that joined the round in this process, and has not left
+it since (next_rendezvous' exit), finishes its join as one of the round's world.
 
 torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
 _add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`,
