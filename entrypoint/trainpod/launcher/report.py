@@ -33,8 +33,8 @@ Above the figures, a header: the example, world, final loss, test accuracy and s
 counts of restarts, recoveries, hangs and stragglers; below them, a table of every event in time order. Every value
 read from the files is escaped: a node name or a cause is data, never markup.
 
-Every node's agent sees a failure of the job and writes its own `failed` line: the restarts counted are the most
-that any one node recorded.
+Every node's agent sees a failure of the job and writes its own `failed` line (and its own recovery, membership change
+and hang): the header counts the most that any one node recorded.
 """
 
 from __future__ import annotations
@@ -246,10 +246,14 @@ def world_line(run: Run) -> list[tuple[float, float]]:
 
 def restarts(run: Run) -> int:
     """The most restarts any one node recorded (every node writes its own `failed` for a failure of the job)."""
+    return most_per_node(record for record in run.of("failed") if record.get("restarting"))
+
+
+def most_per_node(found) -> int:
+    """The most records any one node wrote of an event every node sees and records (a recovery, a membership change)."""
     per_node: dict[str, int] = defaultdict(int)
-    for record in run.of("failed"):
-        if record.get("restarting"):
-            per_node[record.node] += 1
+    for record in found:
+        per_node[record.node] += 1
     return max(per_node.values(), default=0)
 
 
@@ -467,10 +471,11 @@ def header(run: Run) -> list[tuple[str, str]]:
         longest = max((s for s in recoveries if s is not None), default=None)
         lines += [
             ("restarts", str(restarts(run))),
-            ("recoveries", f"{len(recoveries)}" + (f" (the longest {longest:.1f} s)" if longest is not None else "")),
-            ("hangs", str(len(run.of("hang")))),
+            ("recoveries", f"{most_per_node(run.of('recovered'))}"
+                           + (f" (the longest {longest:.1f} s)" if longest is not None else "")),
+            ("hangs", str(most_per_node(run.of("hang")))),
             ("stragglers", str(sum(1 for r in run.of("straggler") if not r.get("recovered")))),
-            ("membership changes", str(len(run.of("membership")))),
+            ("membership changes", str(most_per_node(run.of("membership")))),
             ("checkpoints saved", str(len(run.of("checkpoint")))),
         ]
     else:
