@@ -48,8 +48,7 @@ class Scalars:
         self._writer = None
         if not directory or rank != 0:
             return
-        check(directory, rank)
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter  # check() ran before the process group (harness.train_rank)
 
         # purge_step: TensorBoard hides the earlier attempts' events from this step on (the module docstring).
         self._writer = SummaryWriter(logdir=str(directory), purge_step=resumed_step + 1 if resumed_step else None,
