@@ -263,7 +263,12 @@ images: base $(CPU_FLAVORS:%=image-%) ## the CPU image trainpod:cpu (and the bas
 
 images-cuda: $(CUDA_FLAVORS:%=source-%) base $(CUDA_FLAVORS:%=image-%) ## the CUDA images trainpod:cuda and trainpod:cuda-apex (APEX_SOURCE, ...)
 
-dev: build/dev.stamp ## host setup: trainpod (editable), dev tools, CPU torch
+# The stamp stands for an editable install of this checkout: where `import trainpod` finds another one (a clone's
+# `make setup` repointed it), the install is redone.
+dev: ## host setup: trainpod (editable), dev tools, CPU torch
+	@$(PYTHON) -c 'import sys, trainpod; sys.exit(not trainpod.__file__.startswith("$(CURDIR)/entrypoint/"))' 2>/dev/null \
+		|| rm -f build/dev.stamp
+	@$(MAKE) --no-print-directory build/dev.stamp
 
 build/dev.stamp: requirements-dev.txt entrypoint/pyproject.toml
 	$(PYTHON) -m pip install --disable-pip-version-check $(TORCH_CPU_SOURCE) \

@@ -266,8 +266,9 @@ class Result:
 # --- the job ---
 
 
-def job_env(steps: int, subnet: str, recovery: str, failpoints: list[int]) -> dict[str, str]:
-    return {"TRAINPOD_SUBNET_PREFIX": subnet, "TRAINPOD_SYNTHETIC_SAMPLES": str(SAMPLES),
+def job_env(steps: int, subnet: str | None, recovery: str, failpoints: list[int]) -> dict[str, str]:
+    """The job's variables; without `subnet` the job takes a free one (fixtures.subnets)."""
+    return {**({"TRAINPOD_SUBNET_PREFIX": subnet} if subnet else {}), "TRAINPOD_SYNTHETIC_SAMPLES": str(SAMPLES),
             "TRAINPOD_EPOCHS": str(steps // STEPS_PER_EPOCH), "TRAINPOD_RECOVERY": recovery,
             "TRAINPOD_FAILPOINTS": ",".join(f"{CHECKPOINT_WRITE}@{step}" for step in failpoints)}
 
@@ -321,7 +322,7 @@ def finish(job: ComposeJob, out: Path, result: Result, timeout: float) -> None:
         job.down()
 
 
-def reference_run(steps: int, subnet: str, out: Path) -> str:
+def reference_run(steps: int, subnet: str | None, out: Path) -> str:
     """The uninterrupted run's checksum (same steps, no faults)."""
     result = Result("reference", steps)
     job = new_job(out, "on", job_env(steps, subnet, "restart", []))
@@ -480,7 +481,7 @@ class Driver:
             fault.resumes.append((before[-1] if before else 0, resumed))
 
 
-def soak_config(config: Config, minutes: float, reference: str, subnet: str, out: Path, cycle=CYCLE, max_faults=math.inf,
+def soak_config(config: Config, minutes: float, reference: str, subnet: str | None, out: Path, cycle=CYCLE, max_faults=math.inf,
                 seed: int = 29) -> Result:
     steps = plan_steps(minutes)
     failpoints = plan_failpoints(steps)
@@ -500,7 +501,7 @@ def soak_config(config: Config, minutes: float, reference: str, subnet: str, out
     return result
 
 
-def soak(minutes: float, configs: list[Config], out: Path, reference: str | None = None, subnet: str = "10.151.70",
+def soak(minutes: float, configs: list[Config], out: Path, reference: str | None = None, subnet: str | None = None,
          cycle=CYCLE, max_faults=math.inf) -> list[Result]:
     """The reference run (unless given), then each configuration; one line each."""
     steps = plan_steps(minutes)
@@ -520,7 +521,7 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)} (default: all)")
     parser.add_argument("--reference", help="the uninterrupted run's checksum for these --minutes (skips the reference run)")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "soak" / time.strftime("%Y%m%d-%H%M%S"))
-    parser.add_argument("--subnet", default="10.151.70", help="the compose network's first three octets")
+    parser.add_argument("--subnet", help="the compose network's first three octets (default: a free one)")
     args = parser.parse_args()
     unknown = [name for name in args.configs.split(",") if name not in CONFIGS]
     if unknown:

@@ -54,17 +54,13 @@ from fixtures.compose_elastic import (
 )
 from fixtures.docker_env import ComposeJob, run
 
-# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its etcd clusters are module fixtures, on
-# subnets of their own (PREFIX, PREFIX_V2), that every test of it shares.
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its etcd clusters are module fixtures, each
+# on a subnet of its own, that every test of it shares.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_elastic")]
-
-PREFIX = "10.151.62"  # the module's etcd cluster and its jobs
-PREFIX_V2 = "10.151.63"  # the etcd cluster with v2, for torch's `etcd` backend
-
 
 @pytest.fixture(scope="module")
 def cluster(docker_ready):
-    yield from etcd_cluster(PREFIX)
+    yield from etcd_cluster()
 
 
 @pytest.fixture
@@ -205,7 +201,7 @@ def test_etcd_losing_one_member_is_nothing_losing_quorum_ends_the_attempt_and_qu
 @pytest.fixture(scope="module")
 def cluster_v2(docker_ready):
     """Another etcd cluster, with the v2 API that torch's `etcd` rendezvous needs."""
-    yield from etcd_cluster(PREFIX_V2, TRAINPOD_ETCD_ENABLE_V2="true")
+    yield from etcd_cluster(TRAINPOD_ETCD_ENABLE_V2="true")
 
 
 @pytest.mark.parametrize("lost", LOSE)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,9 @@ from fixtures.docker_env import IMAGE, REPO, run, shape_egress
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_elastic_nodes")]
 
-PREFIX = "10.151.68"  # the module's etcd cluster and its jobs
-
-
 @pytest.fixture(scope="module")
 def cluster(docker_ready):
-    yield from etcd_cluster(PREFIX)
+    yield from etcd_cluster()
 
 
 @pytest.fixture
@@ -105,6 +103,7 @@ def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactl
     assert "trainpod.failpoints.Crash in " in errors[0], errors[0]
     assert "it leaves the elastic job, excluded from its next rounds" in errors[0], errors[0]
     first_run = len(run("docker", "logs", job.containers["trainer2"]).stderr)
+    restarted_at = time.monotonic()
     run("docker", "start", job.containers["trainer2"])
     codes = job.wait(*TRAINERS)
     assert codes == {"trainer0": 0, "trainer1": 0, "trainer2": 1}, f"{codes}:\n{job.tails()}"
@@ -115,7 +114,12 @@ def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactl
     assert not re.search(world_line(3), again), again[-3000:]
     for survivor in ("trainer0", "trainer1"):
         assert "the job now has 2 node(s), 3 before: a membership change" in job.text(survivor), job.tails()
-        assert job.text(survivor).count("a membership change") == 1, job.tails()  # the restarted node never joined
+        # The restarted node never joined: since its restart, at most the change its leaving made (the survivors'
+        # round waits out its last call, so it may come after). Not "one membership change in all": where the three
+        # did not meet in the first round (one came after the last call on a loaded machine), its joining was one more.
+        later = [line for t, line in list(job.follow[survivor].lines) if t >= restarted_at and "a membership change" in line]
+        assert all("the job now has 2 node(s), 3 before" in line for line in later) and len(later) <= 1, (
+            f"{survivor} after trainer2's restart: {later}\n{job.tails()}")
     metrics = job.metrics("trainer0", "trainer1")
     assert (metrics["world_size"], metrics["nnodes"]) == (2, 2), metrics
     assert metrics["exactly_once"] and metrics["ledger"]["complete"] == [1, 2], metrics["ledger"]

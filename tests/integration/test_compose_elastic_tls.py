@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 COMPOSE = REPO / "compose" / "elastic" / "compose.yaml"
 TLS = REPO / "compose" / "elastic" / "tls.yaml"
-PREFIX = "10.151.64"
 ETCD = ("etcd0", "etcd1", "etcd2")
 ARGS = "--epochs 1 --synthetic-samples 1024 --log-every 1 --checkpoint-every 4"
 
@@ -26,7 +25,7 @@ ARGS = "--epochs 1 --synthetic-samples 1024 --log-every 1 --checkpoint-every 4"
 def test_trainers_meet_over_tls_with_client_certificates_and_plain_http_is_one_line_78(docker_ready):
     rdzv_id = f"tls-{uuid.uuid4().hex[:6]}"
     cluster = ComposeJob(COMPOSE, overrides=(TLS,), env={
-        "TRAINPOD_SUBNET_PREFIX": PREFIX, "TRAINPOD_RDZV_ID": rdzv_id, "TRAINPOD_NNODES": "2:3",
+        "TRAINPOD_RDZV_ID": rdzv_id, "TRAINPOD_NNODES": "2:3",
         "TRAINPOD_EXAMPLE": "cifar10-ddp", "TRAINPOD_EXAMPLE_ARGS": ARGS})
     try:
         cluster.compose("build", "etcd0", timeout=900)

@@ -14,7 +14,7 @@ from test_hangs import STOPPED_AT
 
 from fixtures.docker_env import REPO, ComposeJob, find_rank
 
-# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its jobs take the subnet 10.151.57 in turn.
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its jobs one after another.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_hangs")]
 
 HANGS = REPO / "tests" / "integration" / "compose" / "pai-2node-hangs.yaml"
@@ -60,8 +60,7 @@ def hang_job(docker_ready, tmp_path):
     jobs = []
 
     def make(args: str) -> ComposeJob:
-        job = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": "10.151.57", "TRAINPOD_HANG_SCRIPTS": SCRIPTS,
-                                       "HANG_ARGS": args}, overrides=(HANGS, HANG_JOB))
+        job = ComposeJob(COMPOSE, env={"TRAINPOD_HANG_SCRIPTS": SCRIPTS, "HANG_ARGS": args}, overrides=(HANGS, HANG_JOB))
         jobs.append(job)
         return job
 
@@ -102,8 +101,8 @@ def test_a_collective_skipped_on_node1_is_named_by_both_nodes_and_the_job_ends_1
 
 @pytest.fixture
 def example_job(docker_ready, tmp_path):
-    def make(subnet: str) -> ComposeJob:
-        return ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": subnet, "TRAINPOD_HANG_SCRIPTS": SCRIPTS},
+    def make() -> ComposeJob:
+        return ComposeJob(COMPOSE, env={"TRAINPOD_HANG_SCRIPTS": SCRIPTS},
                           overrides=(FAULTS, HANGS))
     return make
 
@@ -122,7 +121,7 @@ def stop_rank(job: ComposeJob, rank: int) -> float:
 
 
 def test_a_sigstopped_rank_on_node1_is_named_killed_and_the_job_resumes_bit_identical(example_job, tmp_path):
-    reference = example_job("10.151.58")
+    reference = example_job()
     try:
         reference.up()
         expected = finish(reference)
@@ -130,7 +129,7 @@ def test_a_sigstopped_rank_on_node1_is_named_killed_and_the_job_resumes_bit_iden
         reference.down()
     assert expected["steps"] == STEPS
 
-    job = example_job("10.151.57")
+    job = example_job()
     try:
         job.up()
         follower = Follower(job)

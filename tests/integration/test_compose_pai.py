@@ -8,8 +8,7 @@ import pytest
 from fixtures.docker_env import REPO, ComposeJob
 from trainpod.examples.reporting import parse_metrics_line
 
-# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its jobs take its subnets (10.151.41, and
-# 10.151.42 for the other examples) in turn.
+# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its jobs one after another.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_pai")]
 
 COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
@@ -17,7 +16,7 @@ COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
 
 @pytest.fixture
 def job(docker_ready):
-    job = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": "10.151.41"})
+    job = ComposeJob(COMPOSE)
     yield job
     job.down()
 
@@ -35,7 +34,7 @@ def test_two_nodes_train_to_identical_weights(job):
     assert last < 0.7 * first, metrics["loss_curve"]
 
     worker_log = job.logs("node1")
-    assert "pai: node 1 of 2, 2 process(es) per node, master 10.151.41.11:29877, gloo over eth0" in worker_log
+    assert f"pai: node 1 of 2, 2 process(es) per node, master {job.prefix}.11:29877, gloo over eth0" in worker_log
     assert re.search(r"^\[node0 rank0\] epoch 2/2 ", job.logs("node0"), re.M)
     listing = job.compose("run", "--rm", "--no-deps", "-T", "node1", "ls", "/workspace/output/checkpoints").stdout.split()
     assert listing[-2:] == ["ckpt-00000030.json", "ckpt-00000030.pt"], listing  # every 10 steps, on the shared volume
@@ -55,7 +54,7 @@ def test_each_multi_node_example_trains_on_two_nodes(example, tmp_path, docker_r
     override = tmp_path / "example.yaml"
     variables = "".join(f"      {name}: \"{value}\"\n" for name, value in OTHER_EXAMPLES[example].items())
     override.write_text(f"services:\n  node0:\n    environment:\n{variables}  node1:\n    environment:\n{variables}")
-    job = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": "10.151.42", "TRAINPOD_EXAMPLE": example, "TRAINPOD_EPOCHS": "1"},
+    job = ComposeJob(COMPOSE, env={"TRAINPOD_EXAMPLE": example, "TRAINPOD_EPOCHS": "1"},
                      overrides=(override,))
     try:
         job.up()
@@ -90,7 +89,7 @@ def test_a_worker_whose_master_never_comes_up_exits_69(job):
     assert elapsed < 150, elapsed  # --connect-timeout 5 and one attempt, not the default 300 s
     errors = [line for line in log.splitlines() if line.startswith("[node1] trainpod: error:")]
     assert len(errors) == 1, log
-    for part in ("10.151.41.11:29877", "PAI_HOST_IP_worker_0", "PAI_PORT_LIST_worker_0_SyncPort", "within 5s", "interface eth0"):
+    for part in (f"{job.prefix}.11:29877", "PAI_HOST_IP_worker_0", "PAI_PORT_LIST_worker_0_SyncPort", "within 5s", "interface eth0"):
         assert part in errors[0]
     assert "Traceback" not in log
     assert "the job exited with 69 after 1 attempt(s)" in log

@@ -16,7 +16,6 @@ from test_faults import COMPOSE, NODES, in_volume
 
 from fixtures.docker_env import REPO, ComposeJob, run
 
-# One worker runs the module (make test: pytest-xdist, --dist loadgroup): its job takes the subnet 10.151.73.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_stragglers")]
 
 STRAGGLERS = REPO / "tests" / "integration" / "compose" / "pai-2node-stragglers.yaml"
@@ -27,7 +26,7 @@ NAMED = "[node1] trainpod: straggler: rank 1 (node 1) spends "
 
 @pytest.fixture
 def job(docker_ready, tmp_path):
-    job = ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": "10.151.73", "TRAINPOD_EPOCHS": "1"}, overrides=(STRAGGLERS,))
+    job = ComposeJob(COMPOSE, env={"TRAINPOD_EPOCHS": "1"}, overrides=(STRAGGLERS,))
     yield job
     for node in NODES:
         (tmp_path / f"{node}.log").write_text(job.compose("logs", "--timestamps", "--no-color", node, check=False).stdout)

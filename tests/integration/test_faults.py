@@ -19,7 +19,7 @@ import pytest
 from fixtures.docker_env import REPO, WARM_RANKS, ComposeJob, find_rank, run
 
 # One worker runs the module (make test: pytest-xdist, --dist loadgroup): the uninterrupted runs are module fixtures
-# (computed once), and the jobs take the module's subnets (10.151.43 for those, 10.151.44 for the rest) in turn.
+# (computed once), and the jobs run one after another.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("faults")]
 
 COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
@@ -35,8 +35,8 @@ STEP_LINE = re.compile(r"^\[node0 rank0\] epoch \d+/\d+ step (\d+)/", re.M)
 BOTH_RECOVERIES = pytest.mark.parametrize("job", ["restart", "in-process"], indirect=True)
 
 
-def new_job(subnet: str, **env: str) -> ComposeJob:
-    return ComposeJob(COMPOSE, env={"TRAINPOD_SUBNET_PREFIX": subnet, **env}, overrides=(FAULTS,))
+def new_job(**env: str) -> ComposeJob:
+    return ComposeJob(COMPOSE, env=env, overrides=(FAULTS,))
 
 
 def finish(job: ComposeJob, codes: dict[str, int] | None = None) -> dict:
@@ -46,7 +46,7 @@ def finish(job: ComposeJob, codes: dict[str, int] | None = None) -> dict:
 
 
 def uninterrupted(samples: int = 2048) -> str:
-    job = new_job("10.151.43", TRAINPOD_SYNTHETIC_SAMPLES=str(samples))
+    job = new_job(TRAINPOD_SYNTHETIC_SAMPLES=str(samples))
     try:
         job.up()
         metrics = finish(job)
@@ -74,7 +74,7 @@ def longer_reference(docker_ready):
 @pytest.fixture
 def job(docker_ready, tmp_path, request):
     """The job, with --recovery restart unless a test asks for another mode (BOTH_RECOVERIES)."""
-    job = new_job("10.151.44", TRAINPOD_RECOVERY=getattr(request, "param", "restart"))
+    job = new_job(TRAINPOD_RECOVERY=getattr(request, "param", "restart"))
     yield job
     for node in NODES:  # kept for a failure's post-mortem: pytest keeps the last runs' tmp_path
         (tmp_path / f"{node}.log").write_text(job.compose("logs", "--timestamps", "--no-color", node, check=False).stdout)

@@ -24,7 +24,7 @@ MINUTES = 1.05  # 640 steps: the failpoint at step 12, SETTLE_S, the kill, 1.5 S
 
 
 def test_training_goes_on_past_every_timer_after_each_fault(docker_ready, tmp_path):
-    (result,) = soak.soak(MINUTES, [soak.CONFIGS["restart/warm-on"]], tmp_path, subnet="10.151.72",
+    (result,) = soak.soak(MINUTES, [soak.CONFIGS["restart/warm-on"]], tmp_path,
                           cycle=("kill-rank-node1",), max_faults=2)
     assert result.ok, f"{result.line()}\nlogs: {tmp_path}"
     assert [fault.kind for fault in result.faults] == [soak.CHECKPOINT_WRITE, "kill-rank-node1"], result.line()

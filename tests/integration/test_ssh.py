@@ -20,8 +20,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("ssh
 asyncssh = pytest.importorskip("asyncssh")
 
 COMPOSE = REPO / "compose" / "ssh" / "compose.yaml"
-PREFIX = "10.151.51"
-HOSTS = [f"{PREFIX}.11", f"{PREFIX}.12"]
 LEFTOVERS = re.compile(r"python|trainpod|supervisord|torchrun|pt_elastic")
 
 
@@ -31,13 +29,12 @@ def hosts(docker_ready, tmp_path_factory):
     key = asyncssh.generate_private_key("ssh-ed25519")
     key.write_private_key(str(keys / "key"))
     os.chmod(keys / "key", 0o600)
-    cluster = ComposeJob(COMPOSE, env={"SSH_AUTHORIZED_KEY": key.export_public_key().decode().strip(),
-                                       "TRAINPOD_SUBNET_PREFIX": PREFIX})
+    cluster = ComposeJob(COMPOSE, env={"SSH_AUTHORIZED_KEY": key.export_public_key().decode().strip()})
     try:
         cluster.compose("build", timeout=900)
         cluster.compose("up", "-d", "--wait", timeout=300)
         known = []
-        for service, address in zip(("host1", "host2"), HOSTS):
+        for service, address in zip(("host1", "host2"), addresses(cluster)):
             deadline = time.monotonic() + 30
             while True:  # the entrypoint makes the host keys when the container starts
                 found = cluster.compose("exec", "-T", service, "cat", "/etc/ssh/ssh_host_ed25519_key.pub", check=False)
@@ -52,8 +49,13 @@ def hosts(docker_ready, tmp_path_factory):
         cluster.down()
 
 
-def launcher(keys, *hosts, args=(), log_dir=None):
-    hosts = hosts or tuple(f"trainpod@{h}" for h in HOSTS)
+def addresses(cluster: ComposeJob) -> list[str]:
+    """host1's and host2's fixed addresses on the cluster's subnet (compose/ssh)."""
+    return [f"{cluster.prefix}.11", f"{cluster.prefix}.12"]
+
+
+def launcher(cluster, keys, *hosts, args=(), log_dir=None):
+    hosts = hosts or tuple(f"trainpod@{h}" for h in addresses(cluster))
     return [sys.executable, "-m", "trainpod", "job", "ssh", "cifar10-ddp", "--hosts", ",".join(hosts), "--no-docker",
             "--nproc-per-node", "2", "--identity", str(keys / "key"), "--known-hosts", str(keys / "known_hosts"),
             "--log-dir", str(log_dir or keys / "logs"), "--submit", "--", *args]
@@ -70,12 +72,12 @@ def leftovers(cluster, service):
 
 def test_two_hosts_train_to_the_end(hosts, tmp_path):
     cluster, keys = hosts
-    result = subprocess.run(launcher(keys, args=["--epochs", "1", "--synthetic-samples", "1024", "--output-dir", "/tmp/out"],
+    result = subprocess.run(launcher(cluster, keys, args=["--epochs", "1", "--synthetic-samples", "1024", "--output-dir", "/tmp/out"],
                                      log_dir=tmp_path / "logs"), env=env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     metrics = parse_metrics_line(result.stdout)
     assert (metrics["world_size"], metrics["nnodes"], metrics["ranks_agree"]) == (4, 2, True)  # the summary line
-    for rank, address in enumerate(HOSTS):  # every line carries its host; each host has its log
+    for rank, address in enumerate(addresses(cluster)):  # every line carries its host; each host has its log
         assert re.search(rf"^\[{re.escape(address)}\] \[node{rank}\] trainpod: torchrun: node {rank} of 2", result.stdout, re.M)
         log = (tmp_path / "logs" / f"{address}.log").read_text()
         assert f"[node{rank}] trainpod: torchrun: node {rank} of 2" in log and not log.startswith(f"[{address}]")
@@ -86,8 +88,9 @@ def test_ctrl_c_stops_the_job_on_every_host(hosts, tmp_path):
     cluster, keys = hosts
     output = tmp_path / "launcher.out"
     with open(output, "w") as sink:
-        process = subprocess.Popen(launcher(keys, args=["--epochs", "100", "--synthetic-samples", "4096", "--output-dir", "/tmp/out2"],
-                                            log_dir=tmp_path / "logs"), env=env(), stdout=sink, stderr=subprocess.STDOUT, text=True)
+        args = ["--epochs", "100", "--synthetic-samples", "4096", "--output-dir", "/tmp/out2"]
+        process = subprocess.Popen(launcher(cluster, keys, args=args, log_dir=tmp_path / "logs"), env=env(), stdout=sink,
+                                   stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
         while not re.search(r"\[node0 rank0\] epoch \d+/100 step \d+", output.read_text()):
@@ -110,7 +113,8 @@ def test_ctrl_c_stops_the_job_on_every_host(hosts, tmp_path):
 
 def test_a_wrong_host_name_is_one_line_and_nothing_starts(hosts, tmp_path):
     cluster, keys = hosts
-    result = subprocess.run(launcher(keys, f"trainpod@{HOSTS[0]}", "trainpod@no-such-host.invalid", log_dir=tmp_path / "logs"),
+    hosts = (f"trainpod@{addresses(cluster)[0]}", "trainpod@no-such-host.invalid")
+    result = subprocess.run(launcher(cluster, keys, *hosts, log_dir=tmp_path / "logs"),
                             env=env(), capture_output=True, text=True, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 64 and len(lines) == 1, result.stderr
