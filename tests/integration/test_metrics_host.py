@@ -44,7 +44,9 @@ def test_a_jobs_steps_samples_restart_and_recovery_are_served_while_it_runs(tmp_
                                    env=host_env(OMP_NUM_THREADS="1", TRAINPOD_FAILPOINTS="checkpoint-write@20"))
     training = recovered = None
     deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline and recovered is None:
+    # Until both are seen: a group training (either attempt: the first one's 20 steps may all fall between two of
+    # the agent's 1 s looks on an idle machine, and a rank's steps count from its second look on), and the recovery.
+    while process.poll() is None and time.monotonic() < deadline and (training is None or recovered is None):
         found = scrape(port)
         # While a group trains: between the kill and the restart the world is 0.
         if found and training is None and found.get(("trainpod_world_size", ()), 0) == 2 \
@@ -53,7 +55,7 @@ def test_a_jobs_steps_samples_restart_and_recovery_are_served_while_it_runs(tmp_
                                               and ("trainpod_step_seconds", (("quantile", "0.5"), ("rank", r))) in found
                                               for r in ("0", "1")):
             training = found  # both ranks seen training (a rank's steps count from its second look on)
-        if found and found.get(("trainpod_recoveries_total", ()), 0) >= 1:
+        if found and recovered is None and found.get(("trainpod_recoveries_total", ()), 0) >= 1:
             recovered = found
         time.sleep(0.5)
     output = wait_logged(process, log, timeout=300)
