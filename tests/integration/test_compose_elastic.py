@@ -58,6 +58,7 @@ from fixtures.docker_env import ComposeJob, run
 # on a subnet of its own, that every test of it shares.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_elastic")]
 
+
 @pytest.fixture(scope="module")
 def cluster(docker_ready):
     yield from etcd_cluster()

@@ -26,6 +26,7 @@ from fixtures.docker_env import IMAGE, REPO, run, shape_egress
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_elastic_nodes")]
 
+
 @pytest.fixture(scope="module")
 def cluster(docker_ready):
     yield from etcd_cluster()
