@@ -1,6 +1,6 @@
 """fixtures.docker_env.ComposeJob on the real engine: a project whose subnet was taken after it was chosen (another
 user of the engine) comes up on another one, and a project that `down` cannot remove fails the test that made it,
-by name, instead of taking its subnet from the next project (fixtures.subnets says why)."""
+by name, and keeps its subnet reserved (fixtures.subnets says why)."""
 
 import json
 import uuid
@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from fixtures import subnets
-from fixtures.docker_env import REPO, ComposeJob, run
+from fixtures.docker_env import IMAGE, REPO, ComposeJob, run
 
 pytestmark = [pytest.mark.docker]
 
@@ -40,7 +40,7 @@ def test_a_project_down_cannot_remove_fails_by_name(docker_ready):
     job = ComposeJob(COMPOSE)
     job.compose("up", "--no-start", "--no-build")
     stranger = f"tp-stranger-{uuid.uuid4().hex[:8]}"  # a container compose does not know holds the network
-    run("docker", "run", "-d", "--name", stranger, "--network", f"{job.project}_cluster", "--entrypoint", "sleep", "trainpod:cpu", "600")
+    run("docker", "run", "-d", "--name", stranger, "--network", f"{job.project}_cluster", "--entrypoint", "sleep", IMAGE, "600")
     try:
         with pytest.raises(AssertionError, match=rf"compose down left {job.project}_cluster of project {job.project}"):
             job.down()
