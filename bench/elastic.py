@@ -6,7 +6,8 @@ checkpoints every 2 steps in a shared directory); once rank 0 has printed a step
 a checkpoint could exist, every process of a node gets SIGKILL (a lost container or host): rank 0's
 with etcd, with c10d the node that does not host the store (losing the store's host ends the job
 with 69 by design: tests/integration/test_elastic_host.py).
-Recovery is the time from the kill to the survivor's first completed step at world 1. Scale-up is
+Recovery is the time from the kill to the survivor's first completed step at world 1; with a spare (a third
+node started beyond the maximum before the loss: etcd-v3 and c10d), to the first step at world 2 again. Scale-up is
 the other way: one node trains at world 1 (a run long enough to outlast it), a second one starts, and the
 time from its start to the first step at world 2. Per backend, both:
 
@@ -103,7 +104,29 @@ def measure(backends: list[str], rounds: int) -> dict:
                 figures[backend] = {name: statistics.median(values) for name, values in runs.items()}
                 figures[backend]["runs"] = runs
                 figures[backend]["scale_up"] = measure_scale_up(backend, job_endpoint, rounds, Path(tmp))
+                if backend != "etcd":  # torch's etcd backend has no redundancy list: no spares (trainpod refuses --spares)
+                    figures[backend]["spare"] = measure_spare(backend, job_endpoint, rounds, Path(tmp))
     return figures
+
+
+def measure_spare(backend: str, job_endpoint, rounds: int, tmp: Path) -> dict:
+    """A lost node with a spare waiting (a third node beyond --nnodes 1:2's maximum): from the kill to the first step
+    at world 2 again, the survivor and the spare; trainpod run against bare torchrun with the same conf."""
+    runs: dict[str, list[float]] = {}
+    for round_ in range(rounds):
+        for name in ("trainpod run", "bare torchrun, same conf"):
+            endpoint, lose = job_endpoint()
+            make = variants(backend, endpoint)[name]
+            workdir = tmp / f"spare-{backend}-{round_}-{name.replace(' ', '-').replace(',', '')}"
+            try:
+                result = scale_down(lambda make=make, workdir=workdir: make(workdir), clean_env(), workdir, TIMEOUT_S,
+                                    lose=lose, spare=True)
+            except AssertionError as error:
+                print(f"bench-elastic: spare {backend} {name}: {str(error)[-3000:]}", file=sys.stderr)
+                result = {"survivor_code": None, "recovery_s": None}
+            ok = result["survivor_code"] == 0 and result["recovery_s"] is not None
+            runs.setdefault(name, []).append(result["recovery_s"] if ok else float("nan"))
+    return {**{name: statistics.median(values) for name, values in runs.items()}, "runs": runs}
 
 
 LONGER = ["--epochs", "400"]  # outlasts the join (then both nodes are stopped); the last --epochs wins
@@ -152,6 +175,13 @@ def report(figures: dict) -> str:
         up = f["scale_up"]
         t, s, n = up["trainpod run"], up["bare torchrun, same conf"], up["bare torchrun, same conf, no shared store"]
         lines.append(f"  {backend:10}{t:>12.1f} s{s:>15.1f} s{n:>32.1f} s{t / n:>8.2f}")
+    spares = {backend: f["spare"] for backend, f in figures.items() if "spare" in f}
+    if spares:
+        lines += ["elastic recovery with a spare: lost node to the first step at world 2 again (the survivor and a third "
+                  "node that waited beyond --nnodes 1:2's maximum; median; nan: the spare never trained)",
+                  f"  {'backend':10}{'trainpod run':>14}{'bare, same conf':>17}"]
+        for backend, f in spares.items():
+            lines.append(f"  {backend:10}{f['trainpod run']:>12.1f} s{f['bare torchrun, same conf']:>15.1f} s")
     return "\n".join(lines)
 
 

@@ -7,8 +7,9 @@ each world says `<example>: world N, backend ...` when it starts, `... resumed f
 of step S` when it goes on from one, then `epoch e/E step s/T ...` at its log points: one segment
 per start, on whichever node holds rank 0 then. A node that left the job on its own decision (a check named
 it, or its ranks failed alike twice: its agent's `... leaves the elastic job ...` line) is a row of its own,
-with how soon the others trained again. Used by demo-elastic.sh (and its tests import segments() and
-departures()); exits 1 when no world started at all.
+with how soon the others trained again; so is a spare (a node beyond --nnodes' maximum) from the moment it
+waits, and the round it took a lost node's place in. Used by demo-elastic.sh (and its tests import segments(),
+departures() and spares()); exits 1 when no world started at all.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ _FINISHED = re.compile(r"\btrainpod-metrics: ")
 _STOPPED = re.compile(r"stopped by SIGTERM at step (\d+)")
 _LEFT = re.compile(r"trainpod: error: (.*?): (?:this node leaves the elastic job \((--\w+)\)"
                    r"|this node's ranks failed (the same way twice|on their own))")
+_SPARE_WAITS = re.compile(r"trainpod: this node waits as a spare: ")
+_SPARE_IN = re.compile(r"trainpod: (\d+) node\(s\) took the place of (?:one|nodes) that left: ")
 _STAYED_OUT = re.compile(r"trainpod: error: this node left this elastic job \(rendezvous \S+\) and stays out of it")
 
 
@@ -56,13 +59,16 @@ def unix_time(line: str) -> float | None:
 
 
 def segments(logs: dict[str, str]) -> list[Segment]:
-    """Every world's segment, in order of start, from each node's `docker logs -t` text."""
+    """Every world's segment, in order of start, from each node's `docker logs -t` text. A node's lines are taken in
+    the order of their times: `docker logs` writes a container's stdout and stderr to two streams, which a reader of
+    both (2>&1) may get in another order than they were written."""
     found: list[Segment] = []
     for node, text in logs.items():
         current: Segment | None = None
-        for line in text.splitlines():
-            at = unix_time(line)
-            if at is None or not _RANK0.search(line):
+        stamped = sorted(((at, line) for line in text.splitlines() if (at := unix_time(line)) is not None),
+                         key=lambda item: item[0])
+        for at, line in stamped:
+            if not _RANK0.search(line):
                 continue
             if world := _WORLD.search(line):
                 current = Segment(node=node, world=int(world.group(1)), started=at)
@@ -98,6 +104,23 @@ def departures(logs: dict[str, str]) -> list[tuple[str, float]]:
     return sorted(found, key=lambda event: event[1])
 
 
+def spares(logs: dict[str, str]) -> list[tuple[str, float]]:
+    """(what, unix time) of each node that began to wait as a spare, and of each round that spares joined in the place
+    of nodes that left. Every node of such a round says so: the rounds are those of the node that said it most."""
+    found, rounds = [], {}
+    for node, text in logs.items():
+        for line in text.splitlines():
+            at = unix_time(line)
+            if at is not None and _SPARE_WAITS.search(line):
+                found.append((f"{node} waits as a spare", at))
+            elif at is not None and (took := _SPARE_IN.search(line)):
+                rounds.setdefault(node, []).append((at, int(took.group(1))))
+    if rounds:
+        for at, count in max(rounds.values(), key=len):
+            found.append((f"{count} spare(s) took the place of node(s) that left", at))
+    return sorted(found, key=lambda event: event[1])
+
+
 def render(found: list[Segment], events: list[tuple[str, float]] = ()) -> str:
     t0 = min([s.started for s in found] + [t for _, t in events])
     rows = [(s.started, _row(s, t0)) for s in found] + [(t, f"  {t - t0:+7.1f} s  {text}") for text, t in events]
@@ -128,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         node, _, path = item.partition("=")
         with open(path, encoding="utf-8", errors="replace") as f:
             logs[node] = f.read()
-    events = [(text, float(at)) for text, _, at in (e.rpartition("@") for e in args.event)] + departures(logs)
+    events = [(text, float(at)) for text, _, at in (e.rpartition("@") for e in args.event)] + departures(logs) + spares(logs)
     found = segments(logs)
     if not found:
         print("timeline: no rank 0 ever said `world N` in these logs", file=sys.stderr)

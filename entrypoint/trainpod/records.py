@@ -11,7 +11,8 @@ interleave. Every line is `{"time": <unix seconds>, "node": <host>, "kind": <KIN
     started      a worker group started: world (ranks), nodes, ranks (this node's global ranks)
     failed       the group failed: cause ("failure" or "hang"), restarting (true: the agent restarts it)
     recovered    the first step after a failure: seconds (from the failure), step
-    membership   a rendezvous round met with another number of nodes: nodes, before
+    membership   a rendezvous round met with other nodes: nodes, before (their numbers), new (where as many met:
+                 the nodes that took the place of those that left, spares)
     hang         the hang watch named a hang: ranks (those behind), stalled_s (how long), limit_s (its bound)
     straggler    a rank of this node paces the job: rank, own_s, others_s (its own work and the others', per
                  step); `"recovered": true` when it keeps pace again

@@ -429,6 +429,12 @@ RDZV_CONF = Setting(
     "torch's fixed 10 s keep-alive TTL); every key and value is checked against what the backend reads "
     "(trainpod.rendezvous.conf)", RdzvConf(), var="TRAINPOD_RDZV_CONF",
     metavar="KEY=VALUE,...")
+SPARES = Setting(
+    "spares", "an elastic job's spare nodes: started beyond --nnodes' maximum, each waits warm (its agent and torch "
+    "started), trains nothing, restarts nobody, and takes the place of the first node that leaves, at the same world "
+    "size; needs the c10d or etcd-v3 rendezvous (torch's etcd backend restarts the job for every node beyond the "
+    "maximum); the job's nodes take the same value, its spares are started as more of them", Integer(0, MAX_NODES),
+    var="TRAINPOD_SPARES", default=0)
 # etcd as production runs it (trainpod.rendezvous.etcd_http.EtcdAccess): TLS with an https:// endpoint, and a
 # user of etcd's authentication. The names are etcdctl's (--cacert, --cert, --key, --user), prefixed. The
 # password has no flag (a flag's value shows in `ps` and in job files): a file, or a variable.
@@ -449,7 +455,7 @@ ETCD_PASSWORD_FILE = Setting(
 ETCD_PASSWORD = Setting("etcd_password", "--etcd-user's password (a variable only: never a flag)", Secret(),
                         var="TRAINPOD_ETCD_PASSWORD")  # not in any flag table
 ETCD_ACCESS = (ETCD_CACERT, ETCD_CERT, ETCD_KEY, ETCD_USER, ETCD_PASSWORD_FILE)
-RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID, RDZV_CONF, *ETCD_ACCESS)
+RENDEZVOUS = (RDZV_BACKEND, RDZV_ENDPOINT, RDZV_ID, RDZV_CONF, SPARES, *ETCD_ACCESS)
 TOPOLOGY = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, BACKEND, INTERFACE, *RENDEZVOUS)
 
 CONNECT_TIMEOUT = Setting("connect_timeout", "seconds to wait for the master (DNS and port) before exit 69",

@@ -41,6 +41,7 @@ class Rendezvous:
     settings: Mapping[str, str] = field(default_factory=dict)
     id_origin: str = "default"
     access: EtcdAccess = EtcdAccess()
+    spares: int = 0  # nodes beyond max_nodes that wait on the redundancy list (--spares)
 
     @property
     def elastic(self) -> bool:
@@ -57,7 +58,7 @@ class Rendezvous:
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "endpoint": self.endpoint, "id": self.id, "id_origin": self.id_origin,
-                "min_nodes": self.min_nodes, "max_nodes": self.max_nodes, "elastic": self.elastic,
+                "min_nodes": self.min_nodes, "max_nodes": self.max_nodes, "elastic": self.elastic, "spares": self.spares,
                 "settings": dict(self.settings), "note": RDZV_NOTES.get(self.backend, ""),
                 "access": {k: v for k, v in asdict(self.access).items() if v}}
 

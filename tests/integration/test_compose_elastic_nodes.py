@@ -9,6 +9,8 @@ last call), on the real engine, with an etcd cluster of this module's own (test_
 - A node whose ranks always fail the same way (a failpoint on trainer2 alone, imagenet-elastic): after the same
   failure twice it leaves the job with one line, excluded; the other two, whose ranks only lost a peer, meet
   again without it and finish at world 2, every sample exactly once by the ledger. Started again, it stays out.
+- A spare: a 4th node beyond --nnodes' maximum (2:3) waits, trains nothing and restarts nobody; a node is lost,
+  and the spare takes its place at world 3; the job ends with the weights of the same job never interrupted.
 """
 
 from __future__ import annotations
@@ -21,7 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.compose_elastic import ELASTIC, ELASTIC_ARGS, TRAINERS, etcd_cluster, job_factory_for, timeline, world_line
+from fixtures.compose_elastic import (
+    ELASTIC,
+    ELASTIC_ARGS,
+    SMALL_IMAGENET,
+    STEP,
+    TRAINERS,
+    check_exactly_once,
+    etcd_cluster,
+    job_factory_for,
+    timeline,
+    wait_step,
+    world_line,
+)
 from fixtures.docker_env import IMAGE, REPO, run, shape_egress
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_elastic_nodes")]
@@ -130,3 +144,51 @@ def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactl
     assert [text for text, _ in left] == ["trainer2 left the job (its ranks failed the same way twice)",
                                           "trainer2 was started again and stayed out (excluded)"], left
     print(f"\n{errors[0]}\n{refused[0]}\n{timeline.render(timeline.segments(logs), left)}")
+
+
+# 30 steps an epoch at world 3 on ResNet-18: time for the spare to start and wait before a node is lost.
+SPARE_ARGS = f"{SMALL_IMAGENET} --arch resnet18 --synthetic-samples 1440 --epochs 2"
+
+
+def test_a_spare_takes_a_lost_nodes_place_and_the_job_ends_as_if_never_interrupted(job_factory):
+    """trainer3 starts once the three train at --nnodes 2:3's maximum: torch puts it on the rendezvous' redundancy
+    list, and its agent says it waits as a spare (no restart of the others). trainer1 (or whichever does not hold rank
+    0) is killed; the survivors and the spare meet at world 3 without waiting out the last call, resume from the last
+    checkpoint, and end with the final weights of the same job run without a loss (world unchanged: bit-identical),
+    every sample exactly once by the ledger."""
+    reference = job_factory("spare-ref", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=SPARE_ARGS)
+    reference.up(*TRAINERS)
+    assert reference.wait(*TRAINERS) == dict.fromkeys(TRAINERS, 0), reference.tails()
+    uninterrupted = reference.metrics(*TRAINERS)
+    assert [s.world for s in reference.segments()] == [3], reference.tails()
+
+    job = job_factory("spare", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=SPARE_ARGS, TRAINPOD_SPARES="1")
+    job.up(*TRAINERS)
+    holder, at = job.wait_for(world_line(3))
+    job.up("trainer3")  # profile scale-up: named, it starts
+    job.wait_for(r"trainpod: this node waits as a spare: the job has --nnodes' maximum of 3 node\(s\)")
+    victim = next(t for t in TRAINERS if t != holder)
+    wait_step(job.follow[holder], 10, after=at)  # past a checkpoint (every 4 steps) with the spare waiting
+    killed_at = job.kill(victim)
+    _, formed = job.wait_for(world_line(3), after=killed_at)
+    _, first = job.wait_for(STEP, after=formed)
+    nodes = [t for t in (*TRAINERS, "trainer3") if t != victim]
+    codes = job.wait(*nodes)
+    assert codes == dict.fromkeys(nodes, 0), job.tails()
+    assert not re.search(world_line(3), job.text("trainer3").split("waits as a spare", 1)[0]), job.tails()
+    for survivor in (t for t in TRAINERS if t != victim):
+        assert ("1 node(s) took the place of one that left: the job has 3 node(s), as before: a membership change"
+                in job.text(survivor)), job.tails()
+    metrics = job.metrics(*nodes)
+    assert (metrics["world_size"], metrics["nnodes"]) == (3, 3), metrics
+    assert [s.world for s in job.segments()] == [3, 3], job.tails()
+    assert set(metrics["rank_checksums"]) == set(uninterrupted["rank_checksums"]), (metrics, uninterrupted)
+    check_exactly_once(metrics, [1, 2], [3, 3])
+    # torch completes a round at --nnodes' maximum as the last node joins: no last call (45 s here) is waited out
+    assert formed - killed_at < 40, f"world 3 formed {formed - killed_at:.1f} s after the kill:\n{job.tails()}"
+    logs = job.stamped_logs()
+    events = timeline.spares(logs)
+    assert [text for text, _ in events] == ["trainer3 waits as a spare", "1 spare(s) took the place of node(s) that left"]
+    print(f"\nspare: {victim} killed -> world 3 with the spare formed after {formed - killed_at:.1f} s, its first step "
+          f"after {first - killed_at:.1f} s; final checksum {metrics['rank_checksums'][0][:12]} as uninterrupted\n"
+          f"{timeline.render(timeline.segments(logs), events)}")

@@ -101,11 +101,14 @@ def test_metrics_json_alone_is_drawn_as_the_loss_by_step(tmp_path, capsys, chrom
 
 
 def test_a_real_jobs_report_draws_its_failure_recovery_and_checkpoints(tmp_path, capsys, chromium):
+    # 200 steps: the agent looks at the ranks' progress once a second, and a rank's step time needs two looks in one
+    # attempt; the attempt after the kill (steps 11 to 40 before) could end between two looks on an idle machine,
+    # and the report then had no step-time row (seen once in four).
     out, log = tmp_path / "out", tmp_path / "log"
     with open(log, "w") as f:
         process = subprocess.Popen(
             [*trainpod_run("--nproc-per-node", "2", "--max-restarts", "2"), "--example", "cifar10-ddp", "--",
-             "--epochs", "1", "--synthetic-samples", "2048", "--batch-size", "16", "--max-steps", "40",
+             "--epochs", "1", "--synthetic-samples", "4096", "--batch-size", "16", "--max-steps", "200",
              "--checkpoint-every", "10", "--workers", "0", "--output-dir", str(out), "--checkpoint-dir", str(tmp_path / "ckpt")],
             cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
             env=host_env(OMP_NUM_THREADS="1", TRAINPOD_FAILPOINTS="checkpoint-write@20"))  # a SIGKILL mid-checkpoint

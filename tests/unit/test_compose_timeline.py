@@ -67,3 +67,36 @@ def test_a_node_started_again_that_stayed_out_is_found_once_not_as_a_second_depa
     assert [text for text, _ in found] == ["trainer2 left the job (its ranks failed the same way twice)",
                                            "trainer2 was started again and stayed out (excluded)"]
     assert found[1][1] - found[0][1] == 12.0
+
+
+def test_a_spare_is_found_when_it_waits_and_once_per_round_it_took_a_place_in():
+    took = ("trainpod: 1 node(s) took the place of one that left: the job has 3 node(s), as before: a membership change, "
+            "not counted against --max-restarts")
+    logs = {
+        "trainer0": "\n".join([T.format(1) + "[node@trainer0 rank0] imagenet-elastic: world 3, backend gloo, fp32",
+                               T.format(14) + f"[node@trainer0] {took}",
+                               T.format(15) + "[node@trainer0 rank0] imagenet-elastic: world 3, backend gloo, fp32"]),
+        "trainer2": T.format(14) + f"[node@trainer2] {took}",
+        "trainer3": "\n".join([T.format(6) + "[node@trainer3] trainpod: this node waits as a spare: the job has --nnodes' "
+                                             "maximum of 3 node(s) and --spares 1; it trains nothing and takes the place of "
+                                             "the first node that leaves",
+                               T.format(14) + f"[node@trainer3] {took}"]),
+    }
+    found = timeline.spares(logs)
+    assert [(text, at - found[0][1]) for text, at in found] == [("trainer3 waits as a spare", 0.0),
+                                                                ("1 spare(s) took the place of node(s) that left", 8.0)]
+    assert "after 1 spare(s) took the place of node(s) that left: world 3 started 1.0 s later" in timeline.render(
+        timeline.segments(logs), found)
+
+
+def test_a_nodes_lines_count_in_the_order_of_their_times_not_of_the_text():
+    # `docker logs -t c 2>&1`: the container's stdout and stderr come as two streams, and a reader of both may get a
+    # later line of one before an earlier line of the other (seen: a resume line placed in the segment before it).
+    lines = [T.format(1) + "[node@trainer2 rank0] imagenet-elastic: world 3, backend gloo, fp32",
+             T.format(2) + "[node@trainer2 rank0] epoch 1/2 step 1/20 loss 1.0",
+             T.format(9) + "[node@trainer2 rank0] imagenet-elastic: world 3, backend gloo, fp32",
+             T.format(10) + "[node@trainer2 rank0] epoch 1/2 step 9/20 loss 0.9"]
+    resumed = (T.format(9).replace(".000000000Z", ".000400000Z")
+               + "[node@trainer2 rank0] imagenet-elastic: resumed from the checkpoint of step 8 (epoch 1)")
+    found = timeline.segments({"trainer2": "\n".join([resumed, *lines])})
+    assert [(s.resumed_from, s.first_step, s.last_step) for s in found] == [(0, 1, 1), (8, 9, 9)]

@@ -69,10 +69,12 @@ METRICS = (
            "save() held its training loop: waiting for the previous write, then copying the state"),
     Metric("trainpod_world_size", "gauge", (), "ranks in the worker group now running (0: none)"),
     Metric("trainpod_nodes", "gauge", (), "nodes in the worker group now running (0: none)"),
+    Metric("trainpod_spare", "gauge", (), "1 while this node waits as a spare (an elastic job at --nnodes' maximum: it "
+           "takes the place of the first node that leaves), else 0"),
     Metric("trainpod_restarts_total", "counter", ("cause",), "worker-group restarts this node's agent made, by cause: "
            "failure (a rank exited non-zero or died of a signal), hang (the hang watch)"),
-    Metric("trainpod_membership_changes_total", "counter", (), "rendezvous rounds that met with another number of "
-           "nodes than the last"),
+    Metric("trainpod_membership_changes_total", "counter", (), "rendezvous rounds that met with other nodes than "
+           "the last: another number of them, or a node in the place of one that left (a spare)"),
     Metric("trainpod_recoveries_total", "counter", (), "restarts followed by a step: the recoveries "
            "trainpod_recovery_seconds times"),
     Metric("trainpod_recovery_seconds", "gauge", (), "the last recovery: from the failure to the first step after it"),
@@ -101,7 +103,8 @@ class Recorder:
         self.lock = threading.Lock()
         self.counters: dict[tuple[str, tuple[str, ...]], float] = {}
         self.gauges: dict[tuple[str, tuple[str, ...]], float] = {("trainpod_committed_step", ()): -1,
-                                                                 ("trainpod_world_size", ()): 0, ("trainpod_nodes", ()): 0}
+                                                                 ("trainpod_world_size", ()): 0, ("trainpod_nodes", ()): 0,
+                                                                 ("trainpod_spare", ()): 0}
         self.ranks: dict[int, _Rank] = {}
         self.local: dict[int, int] = {}  # local rank -> global rank, of the group now running
         self.started = 0.0  # time.time() when that group started

@@ -252,6 +252,7 @@ class AgentPolicy:
         self.left_job = False  # this node left an elastic job (a check named it, or its ranks failed alike twice)
         if self.elastic:
             self._close_only_at_the_end(spec.rdzv_handler)
+            node_order.when_spare(spec.rdzv_handler, self._waits_as_spare)
         self._group_started_at = time.time()  # the wall clock (the ranks' progress records use it) of the last start
         self._said_finishing = False
         self._no_restart_once_finishing(spec.rdzv_handler)
@@ -265,6 +266,8 @@ class AgentPolicy:
         self._left: set[int] = set()  # local ranks of this worker group that exited 0 (while the others still ran)
         self._server_lost: tuple[int, int] | None = None  # the fork server died while it started the ranks: (pid, status)
         self._nodes: int | None = None  # nodes in the last rendezvous round (an elastic job's membership)
+        self._members: frozenset | None = None  # ... and which (node_order.members: a spare in a lost node's place)
+        self._spare = False  # this node waits on the redundancy list (_waits_as_spare)
         # This node's software (trainpod.agent.consistency), read on a thread while the agent waits for the other nodes:
         # a script with many local imports takes a while, which the round's exchange would otherwise wait for.
         self._fingerprint = consistency.Pending(run)
@@ -317,6 +320,19 @@ class AgentPolicy:
             return False
 
         handler.shutdown = shutdown
+
+    def _waits_as_spare(self, max_nodes: int) -> None:
+        """torch put this node on the rendezvous' redundancy list (trainpod.rendezvous.node_order.when_spare): said once
+        per wait, shown by the metrics until it joins a round."""
+        if self._spare:
+            return  # its join was written again (another node's write came first): the same wait
+        self._spare = True
+        spares = self.run_spec.topology.rdzv.spares
+        declared = f" and --spares {spares}" if spares else " (--spares 0: the job declares none)"
+        self._say(f"this node waits as a spare: the job has --nnodes' maximum of {max_nodes} node(s){declared}; it trains "
+                  "nothing and takes the place of the first node that leaves")
+        if (figures := metrics.recorder()) is not None:
+            figures.set("trainpod_spare", 1)
 
     def _no_restart_once_finishing(self, handler) -> None:
         """torch restarts a healthy worker group whenever a node waits to join it (its agent's num_nodes_waiting()),
@@ -416,7 +432,7 @@ class AgentPolicy:
     def _rendezvous(self, worker_group):
         """torch's rendezvous, then: every node the same software? did the membership change since the last
         round (elastic jobs)?"""
-        before = self._nodes
+        before, members = self._nodes, self._members
         if before is None and self.elastic:
             self._stay_out_if_excluded()
         super()._rendezvous(worker_group)
@@ -424,14 +440,21 @@ class AgentPolicy:
         while not (self._check_network(worker_group) and self._check_devices(worker_group)):  # a node left: meet again
             super()._rendezvous(worker_group)
             self._check_consistency(worker_group)
-        self._met(before, worker_group.group_world_size)
+        self._members = node_order.members(worker_group.spec.rdzv_handler)
+        self._spare = False  # in a round: a spare no more
+        if (figures := metrics.recorder()) is not None:
+            figures.set("trainpod_spare", 0)
+        new = len(self._members - members) if self._members is not None and members is not None else 0
+        self._met(before, worker_group.group_world_size, new)
 
-    def _met(self, before: int | None, after: int) -> None:
-        """The round has `after` nodes, `before` the last: a failure since then is decided (the module docstring)."""
+    def _met(self, before: int | None, after: int, new: int = 0) -> None:
+        """The round has `after` nodes, `before` the last, `new` of them not in the last one (where both are known): a
+        failure since then is decided (the module docstring). As many nodes, some of them new, is a membership change
+        too: a spare (a node beyond --nnodes' maximum) took a lost node's place."""
         self._nodes = after
         counted, provisional = self._counted, self._provisional
         self._counted, self._provisional = False, None
-        if before is None or after == before:
+        if before is None or (after == before and not new):
             if provisional is not None and not self._reprieved:
                 self._reprieved = True
                 self.budget.reprieve()
@@ -447,8 +470,11 @@ class AgentPolicy:
         forgiven = provisional is not None or (counted and not self._own)
         if (figures := metrics.recorder()) is not None:
             figures.count("trainpod_membership_changes_total")
-            figures.event("membership", nodes=after, before=before)
-        self._say(f"the job now has {after} node(s), {before} before: a membership change"
+            figures.event("membership", nodes=after, before=before, **({"new": new} if new else {}))
+        change = (f"the job now has {after} node(s), {before} before" if after != before else
+                  f"{new} node(s) took the place of {'one' if new == 1 else 'nodes'} that left: the job has {after} "
+                  "node(s), as before")
+        self._say(f"{change}: a membership change"
                   + (", not counted against --max-restarts" if forgiven else "")
                   + (" (this node's ranks failed on their own: that restart stays counted)" if counted and self._own else ""))
         if forgiven:
@@ -778,6 +804,7 @@ def _leave_round(handler) -> None:
     try:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
 
+        node_order.leave(handler)  # for good: the others' next round does not wait for it
         handler._stop_heartbeats()
         handler._op_executor.run(_RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
     except Exception:  # noqa: BLE001, S110 - another backend (etcd's v2), or torch moved it: the keep-alive lapses

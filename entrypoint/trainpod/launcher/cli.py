@@ -261,6 +261,9 @@ def _explain_table(topology: Topology, command: str | None, software: list[str] 
         ("rdzv_id", rdzv.id + (".g<N>" if rdzv.uses_etcd else ""),
          rdzv.id_origin + ("; N: the job's generation in etcd, one more after each run" if rdzv.uses_etcd else "")),
     ]
+    if rdzv.elastic:
+        rows.append(("spares", rdzv.spares, f"{topology.origins.get('spares', 'default')}: nodes started beyond the maximum "
+                     f"of {rdzv.max_nodes} wait warm and take the place of a node that leaves, at the same world size"))
     if rdzv.settings:
         rows.append(("rdzv_conf", ",".join(f"{k}={v}" for k, v in rdzv.settings.items()),
                      topology.origins.get("rdzv_conf", "default") + " over trainpod's defaults"))

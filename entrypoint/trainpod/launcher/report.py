@@ -269,7 +269,8 @@ def describe(record: records.Record) -> str:
     if kind == "recovered":
         return f"{_seconds(get('seconds'))} after the failure, at step {_plain(get('step'))}"
     if kind == "membership":
-        return f"{_plain(get('nodes'))} nodes (were {_plain(get('before'))})"
+        new = f", {_plain(get('new'))} of them in the place of nodes that left" if get("new") else ""
+        return f"{_plain(get('nodes'))} nodes (were {_plain(get('before'))}{new})"
     if kind == "hang":
         ranks = get("ranks") if isinstance(get("ranks"), list) else []
         blamed = f"rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)}" if ranks else "no rank named"

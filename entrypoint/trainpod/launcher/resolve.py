@@ -259,6 +259,22 @@ def _given_master(given: settings.Values, found: Discovery, cls) -> _Master:
     return _Master(addr, port, addr_origin, port_origin)
 
 
+def _spares(given: settings.Values, rendezvous: Rendezvous, min_nodes: int, nnodes: int) -> int:
+    """--spares: nodes beyond --nnodes' maximum wait as spares in torch's dynamic rendezvous (its redundancy list); a
+    fixed-size job has no room to fill, and torch's etcd backend restarts the job for every node beyond the maximum."""
+    spares = given.spares or 0
+    if not spares:
+        return 0
+    origin = given.origins["spares"]
+    if min_nodes == nnodes:
+        raise error_for(origin)(f"{origin}={spares}: spares are for an elastic job (--nnodes MIN:MAX), whose nodes may "
+                                f"leave; this job has a fixed size of {nnodes} node(s)")
+    if rendezvous.backend == "etcd":
+        raise error_for(origin)(f"{origin}={spares}: torch's etcd rendezvous has no spares (every node beyond the "
+                                "maximum restarts the job): use --rdzv-backend etcd-v3 or c10d")
+    return spares
+
+
 def _rdzv_defaults(rendezvous: Rendezvous) -> dict[str, str]:
     if not rendezvous.elastic:
         return {}
@@ -308,7 +324,9 @@ def resolve_topology(
     rendezvous, master, rdzv_origins, rdzv_warnings = _rendezvous(given, found, cls, _given_master(given, found, cls), env)
     origins.update(rdzv_origins)
     warnings += rdzv_warnings
-    rendezvous = replace(rendezvous, min_nodes=min_nodes, max_nodes=nnodes)
+    rendezvous = replace(rendezvous, min_nodes=min_nodes, max_nodes=nnodes, spares=_spares(given, rendezvous, min_nodes, nnodes))
+    if rendezvous.spares:
+        origins["spares"] = given.origins["spares"]
     rendezvous = replace(rendezvous, settings={**_rdzv_defaults(rendezvous), **rendezvous.settings})
     if master.addr is None:
         raise ConfigError(found.missing.get("master_addr", "no master_addr found"))

@@ -33,22 +33,41 @@ the others waited for it in this one until the store's timeout (seen in CI: a ro
 waited 60 s for rank 1's worker count). Here a node that joined the round in this process, and has not left
 it since (next_rendezvous' exit), finishes its join as one of the round's world.
 
+A round after the first closes as soon as every live node it expects has joined (closes_now()), not when its last
+call ends. torch's last call (last_call_timeout: how long a round waits for more nodes once the minimum joined) is
+for the first round, whose nodes start apart; in every later round each node that is still alive is already at
+the rendezvous, or about to be: the last round's members that outlived it (their ranks failed with the lost one's,
+or a joiner stopped them), a node on the wait list (a joiner) and a spare beyond --nnodes' maximum (torch's
+redundancy list). A node is alive while its heartbeat is: torch drops one whose heartbeat is older than
+keep_alive_interval x keep_alive_max_attempt from the state as it reads it, and a dead node's drop is what
+ends its round (its last participant gone). So the survivors of a lost node met once that node was dropped, then
+waited out the whole last call for nobody (3 s by an elastic trainpod job's default, 45 s in the compose tests,
+torch's 30 s); here they meet as soon as the last of them joins, and one that is slow to stop its ranks, its
+heartbeat alive, is still waited for, up to the last call. (torch forgets the heartbeat of a node that leaves a
+round; one that leaves to join the next, next_rendezvous' first step, keeps it here: between its exit and its join
+it would look dead. A node that leaves the rendezvous for good says so first: leave().)
+
 torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
-_add_to_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the state's `participants`,
-`round`, `complete` and `closed`, the handler's `_this_node`, `_state_holder` and `_get_world()`, and the join and
-exit operations' __call__(ctx, deadline) (_RendezvousJoinOp, _RendezvousExitOp; _Action.FINISH).
+_add_to_participants(), _remove_from_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the
+state's `participants`, `round`, `complete`, `closed`, `wait_list`, `redundancy_list` and `last_heartbeats`, the
+handler's `_this_node`, `_state_holder` and `_get_world()`, and the join and exit operations' __call__(ctx, deadline)
+(_RendezvousJoinOp, _RendezvousExitOp; _Action.FINISH, MARK_RENDEZVOUS_COMPLETE, ADD_TO_REDUNDANCY_LIST).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from datetime import datetime, timezone
 
 STATE_ATTR = "trainpod_node_ranks"  # on torch's _RendezvousState: {node descriptor: platform node rank}
 ROUND_ATTR = "trainpod_completed"  # on torch's _RendezvousState: (round, {node descriptor: rank}) as it completed
 
 _wanted: dict = {}  # node descriptor of a handler in this process -> the node rank the platform gave it
 _joined: dict = {}  # node descriptor of a handler in this process -> the round it joined and has not left since
+_rejoining: set = set()  # nodes of handlers in this process between leaving a round and joining the next one
+_leaving: set = set()  # nodes of handlers in this process that leave their rendezvous for good (leave())
+_spare_hooks: dict = {}  # node -> called when torch puts it on the redundancy list (when_spare())
 logger = logging.getLogger(__name__)
 
 
@@ -67,12 +86,58 @@ def keep(handler, node_rank: int) -> None:
     _wanted[node] = node_rank
 
 
+def leave(handler) -> None:
+    """`handler`'s node leaves its rendezvous for good (its next exit is its last): a later round does not wait for it."""
+    node = getattr(handler, "_this_node", None)
+    if node is not None:
+        _leaving.add(node)
+
+
+def when_spare(handler, hook) -> None:
+    """Call `hook(max_nodes)` when `handler`'s node comes to a round that has --nnodes' maximum already, and torch puts
+    it on the redundancy list: a spare, which waits, trains nothing, and joins the first round with room for it
+    (a node left) without a restart of the others."""
+    node = getattr(handler, "_this_node", None)
+    if node is not None:
+        _install()
+        _spare_hooks[node] = hook
+
+
 def completed_world(state, node) -> tuple[int, int] | None:
     """(rank, world size) of `node` in the round `state` is in, as that round completed; None without a record."""
     completed = getattr(state, ROUND_ATTR, None)
     if completed is None or completed[0] != state.round or node not in completed[1]:
         return None
     return completed[1][node], len(completed[1])
+
+
+def expected(state) -> set | None:
+    """The nodes a round after the first waits for (the module docstring): the last completed round's members, the
+    wait list and the redundancy list, those whose heartbeat is alive in `state`; None in a first round (no record)."""
+    completed = getattr(state, ROUND_ATTR, None)
+    if completed is None:
+        return None
+    return (set(completed[1]) | set(state.wait_list) | set(getattr(state, "redundancy_list", ()))) & set(state.last_heartbeats)
+
+
+def closes_now(state, node, min_nodes: int) -> bool:
+    """Whether `node` completes the round `state` is in now, before its last call ends: a round after the first, not
+    complete, `node` one of its participants, at least `min_nodes` of them, and every node it expects among them."""
+    if state.complete or state.closed or node not in state.participants or len(state.participants) < min_nodes:
+        return False
+    waited = expected(state)
+    return waited is not None and waited <= set(state.participants)
+
+
+def members(handler) -> frozenset | None:
+    """The nodes of `handler`'s round as it completed (their descriptors: address, the agent's pid, a local id), the
+    same on every node; None without a record (torch's etcd backend, a round not completed by trainpod's agent). Two
+    rounds of as many nodes differ where a spare took a lost node's place, or a node's agent was started again."""
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    completed = getattr(state, ROUND_ATTR, None)
+    if completed is None or completed[0] != state.round:
+        return None
+    return frozenset(completed[1])
 
 
 def platform_order(participants, said) -> dict | None:
@@ -107,6 +172,11 @@ def torch_internals_missing() -> list[str]:
         "_RendezvousExitOp.__call__(ctx, deadline) (a node leaving its round)":
             lambda: "_Action.REMOVE_FROM_PARTICIPANTS" in inspect.getsource(
                 getattr(dynamic_rendezvous._RendezvousExitOp.__call__, "torch_method", dynamic_rendezvous._RendezvousExitOp.__call__)),
+        "_remove_from_participants() (a node leaving a round forgets its heartbeat)":
+            lambda: "del state.last_heartbeats[self._node]" in inspect.getsource(torchs("_remove_from_participants")),
+        "_RendezvousState's wait_list, redundancy_list and last_heartbeats (the nodes a later round waits for)":
+            lambda: all(f"self.{name} =" in inspect.getsource(dynamic_rendezvous._RendezvousState.__init__)
+                        for name in ("wait_list", "redundancy_list", "last_heartbeats")),
         "DynamicRendezvousHandler._get_world() (a node's rank and world size)":
             lambda: "state.participants[self._this_node], len(state.participants)" in inspect.getsource(
                 getattr(handler._get_world, "torch_method", handler._get_world)),
@@ -131,7 +201,7 @@ def _install() -> None:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousJoinOp as JoinOp
 
     torch_add, torch_complete, torch_world = Executor._add_to_participants, Executor._mark_rendezvous_complete, Handler._get_world
-    torch_join, torch_exit = JoinOp.__call__, ExitOp.__call__
+    torch_join, torch_exit, torch_remove = JoinOp.__call__, ExitOp.__call__, Executor._remove_from_participants
 
     def _add_to_participants(self) -> None:
         rank = _wanted.get(self._node)
@@ -141,15 +211,28 @@ def _install() -> None:
         torch_add(self)
 
     def join(self, ctx, deadline: float):
+        _rejoining.discard(ctx.node)  # at its next round now: a participant, or on a list, each with its heartbeat
         state = ctx.state
         if (state.complete and not state.closed and ctx.node not in state.participants
                 and _joined.get(ctx.node) == state.round and completed_world(state, ctx.node) is not None):
             return _Action.FINISH  # dropped as its round completed: still one of its world (the module docstring)
-        return torch_join(self, ctx, deadline)
+        if closes_now(state, ctx.node, ctx.settings.min_nodes):
+            return _Action.MARK_RENDEZVOUS_COMPLETE  # every live node it expects is in: no last call to wait out
+        action = torch_join(self, ctx, deadline)
+        if action == _Action.ADD_TO_REDUNDANCY_LIST and ctx.node in _spare_hooks:
+            _spare_hooks[ctx.node](ctx.settings.max_nodes)
+        return action
 
     def exit(self, ctx, deadline: float):
         _joined.pop(ctx.node, None)  # leaving its round (next_rendezvous' first step): a member of none until it joins
+        if ctx.node not in _leaving:
+            _rejoining.add(ctx.node)
         return torch_exit(self, ctx, deadline)
+
+    def _remove_from_participants(self) -> None:
+        torch_remove(self)
+        if self._node in _rejoining:  # alive, and about to join the next round: the others' next round waits for it
+            self._state.last_heartbeats[self._node] = datetime.now(timezone.utc)
 
     def _mark_rendezvous_complete(self) -> None:
         torch_complete(self)
@@ -172,6 +255,8 @@ def _install() -> None:
     _mark_rendezvous_complete.torch_method = torch_complete  # type: ignore[attr-defined]
     _get_world.torch_method = torch_world  # type: ignore[attr-defined]
     join.torch_method, exit.torch_method = torch_join, torch_exit  # type: ignore[attr-defined]
+    _remove_from_participants.torch_method = torch_remove  # type: ignore[attr-defined]
+    Executor._remove_from_participants = _remove_from_participants
     Executor._add_to_participants = _add_to_participants
     Executor._mark_rendezvous_complete = _mark_rendezvous_complete
     Handler._get_world = _get_world

@@ -270,6 +270,23 @@ def test_the_same_nodes_meeting_after_a_lost_peer_end_get_one_more_attempt_then_
     assert ended.value.code == 1 and agent.budget.final()["code"] == 1
 
 
+def test_a_spare_in_a_lost_nodes_place_is_a_membership_change_though_as_many_nodes_met(monkeypatch, tmp_path):
+    # A spare (a node beyond --nnodes' maximum, on torch's redundancy list) takes a lost node's place: the next round
+    # has as many nodes as the last, one of them new. Counted by number alone, the survivors' lost-peer failures
+    # were "the same nodes met again" and their budget ended the job.
+    agent = fixed_size_agent(monkeypatch, tmp_path, node_rank=1, min_nodes=1)
+    said = []
+    agent._say = said.append
+    agent._met(None, 3)
+    for _ in range(2):
+        failed(agent, tmp_path, PEER)
+    assert agent._provisional is not None
+    agent._met(3, 3, new=1)
+    assert agent.final is None and agent.budget.load().used == 0 and agent.budget.final() is None
+    assert said[-1] == ("1 node(s) took the place of one that left: the job has 3 node(s), as before: a membership "
+                        "change, not counted against --max-restarts")
+
+
 def test_a_finishing_worker_group_is_not_restarted_for_a_node_that_waits_to_join(monkeypatch, tmp_path):
     # CI: a node came late to an elastic job's first round; the other trained the whole job alone and, as its rank
     # tore down, torch's agent restarted the healthy group for the waiting node: the job trained twice.

@@ -105,3 +105,17 @@ def test_with_nothing_else_set_a_multi_node_c10d_jobs_rendezvous_numbers_the_nod
     topology = resolve(env)
     assert (topology.source, topology.node_rank) == ("single", None)
     assert topology.origins["node_rank"].startswith("the c10d rendezvous")
+
+
+def test_spares_are_an_elastic_jobs_on_a_dynamic_rendezvous():
+    elastic = {"nnodes": "2:3", "rdzv_backend": "etcd-v3", "rdzv_endpoint": "etcd0:2379"}
+    topology = resolve({}, **elastic, spares=1)
+    assert topology.rdzv.spares == 1 and topology.origins["spares"] == "--spares"
+    assert resolve({"TRAINPOD_SPARES": "2"}, **elastic).rdzv.spares == 2
+    assert resolve({}, **elastic).rdzv.spares == 0
+    with pytest.raises(UsageError, match=r"^--spares=1: spares are for an elastic job .*a fixed size of 2 node"):
+        resolve({}, nnodes="2", master_addr="node0", master_port=29500, node_rank=0, spares=1)
+    with pytest.raises(ConfigError, match=r"^TRAINPOD_SPARES=1: torch's etcd rendezvous has no spares .* etcd-v3 or c10d"):
+        resolve({"TRAINPOD_SPARES": "1"}, **{**elastic, "rdzv_backend": "etcd"})
+    with pytest.raises(ConfigError, match=r"TRAINPOD_SPARES"):
+        resolve({"TRAINPOD_SPARES": "-1"}, **elastic)

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from fixtures.ports import free_port  # noqa: E402
+from trainpod.agent import policy  # noqa: E402
 from trainpod.rendezvous import node_order  # noqa: E402
 
 
@@ -146,3 +147,123 @@ def test_a_node_dropped_as_its_round_completed_finishes_its_join_in_it_until_it_
     assert late._get_world() == (1, 3)
     assert _RendezvousExitOp()(context, far) == _Action.FINISH  # leaving (not a participant: nothing to remove)
     assert _RendezvousJoinOp()(context, far) == _Action.ADD_TO_WAIT_LIST  # then it waits for the next round, as torch
+
+
+def elastic_handlers(count: int, run_id: str, min_nodes: int, max_nodes: int, last_call_s: int):
+    """`count` c10d handlers of one elastic job (--nnodes min_nodes:max_nodes) with trainpod's rounds (hold()) and store: a
+    heartbeat each second, dead after three missed (an elastic trainpod job's defaults)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    timeout = RendezvousTimeout(join=timedelta(seconds=120), last_call=timedelta(seconds=last_call_s))
+    made = []
+    for _ in range(count):
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        handler = DynamicRendezvousHandler.from_backend(run_id, store, C10dRendezvousBackend(store, run_id), min_nodes,
+                                                        max_nodes, local_addr="127.0.0.1", timeout=timeout,
+                                                        keep_alive_interval=1, keep_alive_max_attempt=3)
+        node_order.hold(handler)
+        policy._fresh_workers_store(handler)  # as the agent does: a new node's rank finds rank 0's address each round
+        made.append(handler)
+    return made, server
+
+
+def meet(made, delays=None) -> dict[int, tuple[int, int]]:
+    """Each handler of `made` joins its next round (after its delay, seconds): index -> (rank, world size)."""
+    worlds: dict[int, tuple[int, int]] = {}
+
+    def join(index):
+        time.sleep((delays or {}).get(index, 0))
+        info = made[index].next_rendezvous()
+        worlds[index] = (info.rank, info.world_size)
+
+    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(made))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(100)
+    return worlds
+
+
+def lose(handler) -> None:
+    """The node of `handler` dies: its heartbeats stop, and it never joins again."""
+    handler._stop_heartbeats()
+
+
+LAST_CALL_S = 60  # far longer than a later round's nodes take to meet here: waiting it out would show
+
+
+def test_the_survivors_of_a_lost_node_meet_once_it_is_dropped_not_after_the_last_call():
+    made, _ = elastic_handlers(3, "survivors-meet", 2, 3, LAST_CALL_S)
+    assert sorted(world for _, world in meet(made).values()) == [3, 3, 3]  # the first round: complete at the maximum
+    lose(made[2])
+    started = time.monotonic()
+    worlds = meet(made[:2])
+    took = time.monotonic() - started
+    assert sorted(worlds.values()) == [(0, 2), (1, 2)]
+    # torch's rule: the lost node dropped (3 s without a heartbeat), then the last call (60 s) for more nodes
+    assert took < LAST_CALL_S / 2, f"the round of the survivors took {took:.1f} s: it waited out its last call"
+
+
+def test_a_survivor_slow_to_come_is_waited_for_while_its_heartbeat_lives():
+    made, _ = elastic_handlers(3, "slow-survivor", 2, 3, LAST_CALL_S)
+    meet(made)
+    # The third node comes 5 s after the others (its ranks slow to stop), past three missed heartbeats' 3 s: it kept
+    # its heartbeat while it trained, so the round waits for it instead of closing at world 2.
+    worlds = meet(made, delays={2: 5})
+    assert sorted(world for _, world in worlds.values()) == [3, 3, 3]
+
+
+def test_a_spare_beyond_the_maximum_takes_a_lost_nodes_place_at_the_same_world():
+    made, _ = elastic_handlers(4, "spare", 2, 3, LAST_CALL_S)
+    first = meet(made[:3])
+    assert sorted(world for _, world in first.values()) == [3, 3, 3]
+    assert node_order.members(made[0]) == {handler._this_node for handler in made[:3]}
+    spare: dict[int, tuple[int, int]] = {}
+    said = []
+    node_order.when_spare(made[3], said.append)
+    waiting = threading.Thread(target=lambda: spare.update(meet(made[3:])), daemon=True)
+    waiting.start()  # torch puts it on the redundancy list: the full round goes on, not restarted for it
+    time.sleep(2)
+    assert waiting.is_alive() and made[0].num_nodes_waiting() == 0 and said == [3]  # the agent's line: once
+    lose(made[1])
+    started = time.monotonic()
+    worlds = meet([made[0], made[2]])
+    waiting.join(60)
+    took = time.monotonic() - started
+    assert sorted(world for _, world in [*worlds.values(), *spare.values()]) == [3, 3, 3]
+    assert took < LAST_CALL_S / 2, f"the round with the spare took {took:.1f} s"
+    # as many nodes as before, one of them another: the agents' policy sees a membership change (test_policy)
+    assert node_order.members(made[0]) == {made[0]._this_node, made[2]._this_node, made[3]._this_node}
+
+
+def test_a_node_that_leaves_for_good_is_not_waited_for():
+    made, _ = elastic_handlers(3, "leaves", 2, 3, LAST_CALL_S)
+    meet(made)
+    policy._leave_round(made[2])  # an excluded node (its ranks failed alike twice): exit op, heartbeats stopped
+    started = time.monotonic()
+    worlds = meet(made[:2])
+    assert sorted(worlds.values()) == [(0, 2), (1, 2)]
+    assert time.monotonic() - started < LAST_CALL_S / 2
+
+
+def test_expected_is_the_last_rounds_members_and_both_lists_with_a_live_heartbeat():
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    state = _RendezvousState()
+    assert node_order.expected(state) is None  # the first round: torch's last call
+    setattr(state, node_order.ROUND_ATTR, (0, {"a": 0, "b": 1, "dead": 2}))
+    state.wait_list, state.redundancy_list = {"joiner"}, {"spare", "gone"}
+    now = datetime.now(timezone.utc)
+    state.last_heartbeats = dict.fromkeys(("a", "b", "joiner", "spare"), now)
+    assert node_order.expected(state) == {"a", "b", "joiner", "spare"}
+    state.participants = dict.fromkeys(("a", "b", "joiner"), 0)
+    assert not node_order.closes_now(state, "a", 2)  # the spare is not in yet
+    state.participants["spare"] = 0
+    assert node_order.closes_now(state, "a", 2)
+    assert not node_order.closes_now(state, "outsider", 2)  # only a participant completes it
+    assert not node_order.closes_now(state, "a", 5)  # fewer than the minimum
+    state.complete = True
+    assert not node_order.closes_now(state, "a", 2)
