@@ -35,7 +35,7 @@ import results_page
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "entrypoint")]
 
-from fixtures.elastic_host import clean_env, scale_down, scale_up, torchrun_argv, trainpod_argv  # noqa: E402
+from fixtures.elastic_host import STEPS, clean_env, scale_down, scale_up, torchrun_argv, trainpod_argv  # noqa: E402
 from fixtures.etcd import EtcdProcess  # noqa: E402
 from fixtures.ports import free_port  # noqa: E402
 from trainpod.launcher.resolve import ELASTIC_CONF, ETCD_V2_CONF  # noqa: E402
@@ -109,6 +109,9 @@ def measure(backends: list[str], rounds: int) -> dict:
     return figures
 
 
+SPARE_EPOCHS = ["--epochs", "40"]  # 20 times EXAMPLE_ARGS' 2: time for the spare to start and wait before the loss
+
+
 def measure_spare(backend: str, job_endpoint, rounds: int, tmp: Path) -> dict:
     """A lost node with a spare waiting (a third node beyond --nnodes 1:2's maximum): from the kill to the first step
     at world 2 again, the survivor and the spare; trainpod run against bare torchrun with the same conf."""
@@ -119,8 +122,8 @@ def measure_spare(backend: str, job_endpoint, rounds: int, tmp: Path) -> dict:
             make = variants(backend, endpoint)[name]
             workdir = tmp / f"spare-{backend}-{round_}-{name.replace(' ', '-').replace(',', '')}"
             try:
-                result = scale_down(lambda make=make, workdir=workdir: make(workdir), clean_env(), workdir, TIMEOUT_S,
-                                    lose=lose, spare=True)
+                result = scale_down(lambda make=make, workdir=workdir: make(workdir) + SPARE_EPOCHS, clean_env(), workdir,
+                                    TIMEOUT_S, lose=lose, spare=True, steps=STEPS * 20, spare_says=name == "trainpod run")
             except AssertionError as error:
                 print(f"bench-elastic: spare {backend} {name}: {str(error)[-3000:]}", file=sys.stderr)
                 result = {"survivor_code": None, "recovery_s": None}

@@ -283,6 +283,7 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
             # > 1: a restarted worker group failed and was restarted again (in-process: 1 is the replacement)
             "group_starts": -(-len(starts) // NPROC),
             "checksum": metrics["checksum"], "rank_checksums_agree": len(set(metrics["rank_checksums"])) == 1,
+            "step_s": metrics["global_batch_size"] / metrics["samples_per_sec"],  # the job's steady step
             "timeline": timeline,
         }
     finally:

@@ -34,6 +34,8 @@
    line at the default --straggler-window, and what progress.measure()'s hooks cost a step, side by side.
 15. The metrics endpoint (bench/metrics.py, on this host): the CIFAR-10 example with --metrics-port scraped every
    second against the same run without it, alternating: samples/s and the agent's CPU.
+16. Recovery by world size (bench/recovery_scale.py, on this host): recovery.py's kill at 2, 4 and 8 ranks, in-process
+   and restart.
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ def main() -> int:
     hangs = bench_hangs()
     subprocess.run([sys.executable, str(HERE / "stragglers.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "metrics.py")], check=True)  # records its own section
+    subprocess.run([sys.executable, str(HERE / "recovery_scale.py")], check=True)  # records its own section
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()

@@ -27,7 +27,7 @@ _RESUMED = re.compile(r"resum\w* from (?:the checkpoint of )?step (\d+)")
 _STEP = re.compile(r"\bepoch \d+/\d+ step (\d+)/(\d+)\b")
 _FINISHED = re.compile(r"\btrainpod-metrics: ")
 _STOPPED = re.compile(r"stopped by SIGTERM at step (\d+)")
-_LEFT = re.compile(r"trainpod: error: (.*?): (?:this node leaves the elastic job \((--\w+)\)"
+_LEFT = re.compile(r"trainpod: error: (.*?): (?:this node leaves the elastic job \((--[\w-]+)\)"
                    r"|this node's ranks failed (the same way twice|on their own))")
 _SPARE_WAITS = re.compile(r"trainpod: this node waits as a spare: ")
 _SPARE_IN = re.compile(r"trainpod: (\d+) node\(s\) took the place of (?:one|nodes) that left: ")

@@ -105,6 +105,7 @@ class RunSpec:
     lock_timeout: float = _run(settings.LOCK_TIMEOUT)
     hang_timeout: float = _run(settings.HANG_TIMEOUT)
     straggler_window: float = _run(settings.STRAGGLER_WINDOW)
+    replace_stragglers: bool = _run(settings.REPLACE_STRAGGLERS)
     metrics_port: int = _run(settings.METRICS_PORT)
     warm_start: str = _run(settings.WARM_START)
     recovery: str = _run(settings.RECOVERY)

@@ -501,11 +501,16 @@ STRAGGLER_WINDOW = Setting(
     "and in TRAINPOD_OUTPUT_DIR/stragglers.jsonl (and again when it keeps pace); with the figures' own lag (a median "
     "over 15 s) a rank that turns slow is named within a minute; 0 turns the watch off",
     Number(minimum=0), var="TRAINPOD_STRAGGLER_WINDOW", default=45.0)
+REPLACE_STRAGGLERS = Setting(
+    "replace_stragglers", "an elastic job's node whose rank the straggler watch names (--straggler-window) leaves the "
+    "job while a spare waits (--spares), so that the spare takes its place at the same world size: its ranks stop at "
+    "a checkpoint every rank takes (the stop vote), it is excluded from the next rounds and ends with 69",
+    Switch(), var="TRAINPOD_REPLACE_STRAGGLERS", default=False)
 METRICS_PORT = Setting(
     "metrics_port", "serve this node's metrics for Prometheus at http://<node>:PORT/metrics (the agent's: steps, "
     "samples, step times, restarts, recoveries, hangs, stragglers; docs: Metrics); 0 serves none",
     Integer(0, 65535), var="TRAINPOD_METRICS_PORT", default=0)
-HANGS = (HANG_TIMEOUT, STRAGGLER_WINDOW)
+HANGS = (HANG_TIMEOUT, STRAGGLER_WINDOW, REPLACE_STRAGGLERS)
 OBSERVING = (METRICS_PORT,)
 
 WARM_START = Setting(

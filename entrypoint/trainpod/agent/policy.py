@@ -133,6 +133,7 @@ def describe_failure(failure) -> str:
     return describe_exit(failure.exitcode)
 
 
+REPLACE_LOOK_S = 2.0  # --replace-stragglers: how often a node with a named straggler asks whether a spare waits
 SERVER_DEATH_WAIT_S = 2.0  # a fork server whose pipes closed is dying: at most this long until it is seen dead
 LOST_STATUS = 255  # what multiprocessing reports of a rank whose fork server died (it alone could send the status)
 SERVER_MARK = "trainpod_fork_server"  # on a ProcessFailure made for a fork server that died: (pid, its status)
@@ -268,6 +269,7 @@ class AgentPolicy:
         self._nodes: int | None = None  # nodes in the last rendezvous round (an elastic job's membership)
         self._members: frozenset | None = None  # ... and which (node_order.members: a spare in a lost node's place)
         self._spare = False  # this node waits on the redundancy list (_waits_as_spare)
+        self._replace_look_at = 0.0  # when _replace_a_straggler() may read the rendezvous again
         # This node's software (trainpod.agent.consistency), read on a thread while the agent waits for the other nodes:
         # a script with many local imports takes a while, which the round's exchange would otherwise wait for.
         self._fingerprint = consistency.Pending(run)
@@ -413,7 +415,34 @@ class AgentPolicy:
                 self._master_lost(already_s=control.unreachable_s())
         if result.is_failed():
             self._on_failure(result)
+        elif self.run_spec.replace_stragglers and self.elastic:
+            self._replace_a_straggler()
         return result
+
+    def _replace_a_straggler(self) -> None:
+        """--replace-stragglers: while the straggler watch names a rank of this node and a spare waits (torch's redundancy
+        list), this node leaves the job for the spare: its ranks stop as on SIGTERM (the stop vote: every rank of the job
+        at one checkpoint), it is excluded from the next rounds, and the others meet again with the spare at the same
+        world size. The rendezvous is read at most every REPLACE_LOOK_S, and only while a rank here is named."""
+        watch = getattr(self, "straggler_watch", None)
+        named = watch.named_here() if watch is not None else []
+        if not named or time.monotonic() < self._replace_look_at:
+            return
+        self._replace_look_at = time.monotonic() + REPLACE_LOOK_S
+        try:
+            waiting = node_order.spares_waiting(self._worker_group.spec.rdzv_handler)
+        except Exception:  # noqa: BLE001 - the rendezvous unreachable now: the next look asks again
+            return
+        if not waiting:
+            return
+        slow = min(named, key=lambda straggler: straggler.rank)
+        line = (f"rank {slow.rank} of this node paces the job (its own work {slow.busy_s:.3g} s per step, the others' "
+                f"{slow.others_s:.3g} s) and {waiting} spare(s) wait: this node leaves the elastic job "
+                "(--replace-stragglers); a spare takes its place")
+        self._say(f"error: {line}")
+        self._leave_job(EXIT_UNAVAILABLE, line)
+        self.final = self.budget.end(EXIT_UNAVAILABLE, line)
+        raise JobEnded(EXIT_UNAVAILABLE, line)  # torch's run() stops this node's ranks on its way out (SIGTERM)
 
     def _invoke_run(self, *args, **kwargs):
         from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -563,13 +592,25 @@ class AgentPolicy:
         change), and a control closed there froze the master's last answer, so exactly --rejoin-timeout after
         a restart the other nodes declared a master lost that was still training (issue 29)."""
         try:
-            return super().run(*args, **kwargs)
+            result = super().run(*args, **kwargs)
+            if result is None:
+                return self._spare_not_needed()
+            return result
         finally:
             if self.control is not None:
                 self.control.wait_seen()  # node 0: the store goes away with this process
                 self.control.close()  # no request to the store in flight when the interpreter exits
             if self.committed is not None:
                 self.committed.close()
+
+    def _spare_not_needed(self):
+        """torch's run() returns nothing when the rendezvous closes on a node of its redundancy list (it swallows the
+        RendezvousGracefulExitError), and its launcher then fails on `None.is_failed()`: a spare that the job never
+        needed ended in an AttributeError's traceback. Here it ends with 0 and one line."""
+        from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+        self._say("the job ended while this node waited as a spare: it trained nothing, and ends with 0")
+        return RunResult(state=WorkerState.SUCCEEDED)
 
     # --- the policy ---
 

@@ -45,6 +45,7 @@ class StragglerWatch:
         self.progress_dir = Path(env.get(PROGRESS_DIR_VAR, "").strip() or ".")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._named: dict[int, Straggler] = {}  # this node's ranks named and not keeping pace again (this group's)
 
     @staticmethod
     def wanted(window: float, node: str, say: log.Log, env: Mapping[str, str]) -> StragglerWatch | None:
@@ -56,11 +57,16 @@ class StragglerWatch:
         """Watch a worker group: `ranks` maps each local rank to its global rank."""
         self.stop()
         self._stop = threading.Event()
+        self._named = {}
         keys = ([f"{KEY_PREFIX}node{g}" for g in range(group_world_size)], f"{KEY_PREFIX}node{group_rank}") \
             if store is not None and group_world_size > 1 else None
         self._thread = threading.Thread(target=self._run, args=(dict(ranks), world_size, store, keys, time.time(), self._stop),
                                         name="trainpod-straggler-watch", daemon=True)
         self._thread.start()
+
+    def named_here(self) -> list[Straggler]:
+        """This node's ranks that the watch named and that do not keep pace again yet (the agent's --replace-stragglers)."""
+        return list(self._named.values())
 
     def stop(self) -> None:
         self._stop.set()
@@ -99,6 +105,11 @@ class StragglerWatch:
             return paces
 
     def _tell(self, named: list[Straggler], recovered: list[Straggler], paces: list[Pace], now: float) -> None:
+        now_named = dict(self._named)
+        for straggler in recovered:
+            now_named.pop(straggler.rank, None)
+        now_named.update((straggler.rank, straggler) for straggler in named)
+        self._named = now_named  # replaced whole: the agent's thread reads it (named_here)
         for line in describe(named, paces, now) + describe_recovered(recovered):
             self.say(line)
         if (figures := metrics.recorder()) is not None:

@@ -189,6 +189,19 @@ def _check_recovery(values, topology: Topology, target: Target | None) -> None:
                                 "when a peer dies: the others would wait for the watchdog), got nccl; use restart")
 
 
+def _check_replace_stragglers(values, topology: Topology) -> None:
+    """--replace-stragglers swaps a straggler's node for a spare: an elastic job's, with the straggler watch on."""
+    if not values.replace_stragglers:
+        return
+    origin = values.origins["replace_stragglers"]
+    if not topology.rdzv.elastic:
+        raise error_for(origin)(f"{origin}: a straggler's node is replaced by a spare of an elastic job (--nnodes MIN:MAX "
+                                f"with --spares); this job has a fixed size of {topology.nnodes} node(s)")
+    if not values.straggler_window:
+        window = values.origins.get("straggler_window", "--straggler-window")
+        raise error_for(origin)(f"{origin}: no straggler is ever named with {window}=0: give the watch a window")
+
+
 def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *, required: bool, resolve_names: bool):
     """(topology, run settings, target): everything `run` needs and `explain` shows, from flags and env."""
     flags = vars(args)
@@ -212,6 +225,7 @@ def _checked_job(args: argparse.Namespace, command: list[str], values, example, 
         raise error_for(origin)(f"{origin}=on: expected a command that this Python ({sys.executable}) runs as "
                                 f"`python SCRIPT ...` or `python -m MODULE ...`, got {target.command[0]!r}; use auto or off")
     _check_recovery(values, topology, target)
+    _check_replace_stragglers(values, topology)
     rdzv = topology.rdzv
     if not rdzv.id:
         # Nothing names the job: the same job on every node has the same shape and runs the same thing.

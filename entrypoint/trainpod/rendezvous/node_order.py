@@ -50,7 +50,7 @@ it would look dead. A node that leaves the rendezvous for good says so first: le
 torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
 _add_to_participants(), _remove_from_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the
 state's `participants`, `round`, `complete`, `closed`, `wait_list`, `redundancy_list` and `last_heartbeats`, the
-handler's `_this_node`, `_state_holder` and `_get_world()`, and the join and exit operations' __call__(ctx, deadline)
+handler's `_this_node`, `_state_holder`, `_heartbeat_lock` and `_get_world()`, and the join and exit operations' __call__(ctx, deadline)
 (_RendezvousJoinOp, _RendezvousExitOp; _Action.FINISH, MARK_RENDEZVOUS_COMPLETE, ADD_TO_REDUNDANCY_LIST).
 """
 
@@ -101,6 +101,17 @@ def when_spare(handler, hook) -> None:
     if node is not None:
         _install()
         _spare_hooks[node] = hook
+
+
+def spares_waiting(handler) -> int:
+    """How many nodes wait on the redundancy list of `handler`'s rendezvous now (a fresh read of its state, under
+    the lock torch's heartbeat takes for its own); 0 where the rendezvous has no such list (torch's etcd backend)."""
+    holder, lock = getattr(handler, "_state_holder", None), getattr(handler, "_heartbeat_lock", None)
+    if holder is None or lock is None:
+        return 0
+    with lock:
+        holder.sync()
+        return len(getattr(holder.state, "redundancy_list", ()))
 
 
 def completed_world(state, node) -> tuple[int, int] | None:
@@ -166,6 +177,8 @@ def torch_internals_missing() -> list[str]:
         "_mark_rendezvous_complete() (where torch numbers the nodes)":
             lambda: "sorted(state.participants)" in inspect.getsource(torchs("_mark_rendezvous_complete")),
         "DynamicRendezvousHandler._this_node": lambda: "self._this_node = node" in inspect.getsource(handler.__init__),
+        "DynamicRendezvousHandler._heartbeat_lock (a fresh read of the state: spares_waiting())":
+            lambda: "self._heartbeat_lock = threading.Lock()" in inspect.getsource(handler.__init__),
         "_RendezvousJoinOp.__call__(ctx, deadline) (a node finishing its join)":
             lambda: "if state.complete and is_participant:" in inspect.getsource(
                 getattr(dynamic_rendezvous._RendezvousJoinOp.__call__, "torch_method", dynamic_rendezvous._RendezvousJoinOp.__call__)),

@@ -314,3 +314,22 @@ def test_a_finishing_worker_group_is_not_restarted_for_a_node_that_waits_to_join
     assert handler.num_nodes_waiting() == 1
     agent._left = {1}  # a local rank ended with 0 while the others run (a script without trainpod's shutdown)
     assert handler.num_nodes_waiting() == 0 and "local rank 1 ended with 0" in said[-1]
+
+
+def test_a_spare_that_the_job_never_needed_ends_with_0_not_torchs_attribute_error(monkeypatch, tmp_path):
+    # torch's run() swallows the RendezvousGracefulExitError of a node on its redundancy list when the job closes the
+    # rendezvous, returns None, and its launcher then calls None.is_failed(): the spare ended in a traceback.
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+    agent = fixed_size_agent(monkeypatch, tmp_path, node_rank=1, min_nodes=1)
+    said = []
+    agent._say = said.append
+
+    def closed_while_waiting(role):
+        raise RendezvousGracefulExitError("The rendezvous 'policy' is closed, terminating pending rendezvous.")
+
+    monkeypatch.setattr(agent, "_invoke_run", closed_while_waiting)
+    result = agent.run()
+    assert result.state == WorkerState.SUCCEEDED and not result.is_failed() and result.return_values == {}
+    assert said == ["the job ended while this node waited as a spare: it trained nothing, and ends with 0"]

@@ -188,6 +188,18 @@ def test_in_process_recovery_reaches_the_ranks_and_needs_warm_starts():
     assert "--recovery" in line and "in-process" in line
 
 
+def test_replace_stragglers_is_an_elastic_jobs_with_the_watch_on():
+    elastic = ("--nnodes", "2:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "etcd0:2379", "--example", "cifar10-ddp")
+    result = here("explain", "--json", "--replace-stragglers", "--spares", "1", *elastic)
+    assert result.returncode == 0, result.stderr
+    line = one_line_error(here("run", "--replace-stragglers", "--example", "cifar10-ddp"), 64)
+    assert line == ("trainpod: error: --replace-stragglers: a straggler's node is replaced by a spare of an elastic job "
+                    "(--nnodes MIN:MAX with --spares); this job has a fixed size of 1 node(s)")
+    line = one_line_error(here("run", *elastic, env={"TRAINPOD_REPLACE_STRAGGLERS": "1", "TRAINPOD_STRAGGLER_WINDOW": "0"}), 78)
+    assert line.startswith("trainpod: error: TRAINPOD_REPLACE_STRAGGLERS: no straggler is ever named with "
+                           "TRAINPOD_STRAGGLER_WINDOW=0")
+
+
 def test_in_process_recovery_refuses_nccl():
     # A CPU host refuses --backend nccl before this check, so the check itself: a GPU host's topology.
     from types import SimpleNamespace
