@@ -35,7 +35,8 @@ TIMEOUT_S = 240
 # once it has started Python, supervisord and torch's agent: on a loaded machine (make test runs the tests side by
 # side) the second came more than the default last call (3 s) after the first, which formed world 1 alone and trained
 # the whole short job before the other joined. 30 s covers that skew (test_the_same_command_twice_in_a_row_works meets
-# the same way); the survivor's next round waits as long for a second node, which the recovery it prints includes.
+# the same way). The survivor's next round closes once the lost node is dropped on etcd-v3 (trainpod.rendezvous.
+# node_order); torch's etcd backend waits the whole last call in it, which the recovery it prints includes.
 MEET = ("--rdzv-conf", "last_call_timeout=30")
 
 
