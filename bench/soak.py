@@ -8,8 +8,9 @@ twice the longest of them, with nothing happening that no fault caused: no resta
 line on either node. Then the next fault, until the job nears its end.
 
 The job: compose/pai-2node with tests/integration/compose/pai-2node-faults.yaml (2 containers x 2 ranks,
-cifar10-ddp on synthetic data, a step line per step, a checkpoint every 4 steps), --epochs scaled to --minutes (at
-STEP_S: a loaded machine takes longer). The first fault of every run is a checkpoint write killed
+cifar10-ddp on synthetic data, a step line per step, a checkpoint every 4 steps), each step at least STEP_S long
+(TRAINPOD_FAILPOINTS=pace@200: a sleep), --epochs scaled to --minutes at that pace (a loaded machine takes longer).
+The first fault of every run is a checkpoint write killed
 (TRAINPOD_FAILPOINTS=checkpoint-write@12: rank 0 dies between the bytes and the rename; another every
 FAILPOINT_EVERY_MIN minutes of steps), then in turn (CYCLE): SIGKILL of a rank on node0, SIGKILL of a rank on node1,
 SIGSTOP of a rank for STOP_S (< --hang-timeout: it must cost nothing) then SIGCONT, and node1's container killed and
@@ -77,7 +78,10 @@ GRACE_S = 1.0  # after a recovery's first step: lines of the recovery still on t
 SAMPLES = 4096  # synthetic samples: 32 steps an epoch (4 ranks x batch 32)
 STEPS_PER_EPOCH = SAMPLES // (4 * 32)
 CHECKPOINT_EVERY = 4  # pai-2node-faults.yaml
-STEP_S = 0.1  # a step of this job on this 2-core host (median 0.10 s at a load of 5, 0.18 s at 9): --minutes -> epochs
+# Every step of the job lasts at least STEP_S (the failpoint pace@MS): --minutes -> epochs, and the schedule's steps
+# (a fault, then SETTLE_S of clean steps before the next) hold on an idle fast machine as on a loaded one. Unpaced, the
+# short form's 640 steps ran 15 a second on an idle host, too fast for its second fault (seen once in four runs).
+STEP_S = 0.2
 FIRST_FAULT_STEP = 2 * CHECKPOINT_EVERY
 FAILPOINT_EVERY_MIN = 10  # after the first fault, a checkpoint write killed every this many minutes of job
 RECOVERY_TIMEOUT_S = 300  # no step this long after a fault: a failed recovery
@@ -270,7 +274,8 @@ def job_env(steps: int, subnet: str | None, recovery: str, failpoints: list[int]
     """The job's variables; without `subnet` the job takes a free one (fixtures.subnets)."""
     return {**({"TRAINPOD_SUBNET_PREFIX": subnet} if subnet else {}), "TRAINPOD_SYNTHETIC_SAMPLES": str(SAMPLES),
             "TRAINPOD_EPOCHS": str(steps // STEPS_PER_EPOCH), "TRAINPOD_RECOVERY": recovery,
-            "TRAINPOD_FAILPOINTS": ",".join(f"{CHECKPOINT_WRITE}@{step}" for step in failpoints)}
+            "TRAINPOD_FAILPOINTS": ",".join([f"pace@{round(STEP_S * 1000)}",
+                                             *(f"{CHECKPOINT_WRITE}@{step}" for step in failpoints)])}
 
 
 def new_job(out: Path, warm: str, env: dict[str, str]) -> ComposeJob:

@@ -16,7 +16,9 @@ replacement that cannot start would: not a SIGKILL, and no marker (a keeper fork
 marker): a node whose ranks always fail the same way, set on that node alone (trainpod.agent.policy
 leaves such a node out of an elastic job). `slow@STEP`: from step STEP on, a bundled example's rank
 does each step's own work twice as long (it sleeps as long as the step's forward and backward took, before
-them): a straggler, set on one node alone (trainpod.agent.stragglers names it).
+them): a straggler, set on one node alone (trainpod.agent.stragglers names it). `pace@MS`: each step of a
+bundled example's rank lasts at least MS milliseconds (it sleeps the rest before the step's work): a test's job at
+one pace on a fast and a slow machine alike, where timers count in seconds and the job's length in steps.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 from trainpod.contract import FAILPOINTS_VAR
 from trainpod.errors import ConfigError
 
-POINTS = ("checkpoint-write", "replacement", "crash", "slow")
+POINTS = ("checkpoint-write", "replacement", "crash", "slow", "pace")
 
 
 def armed(environ=os.environ) -> dict[str, set[int]]:
@@ -75,6 +77,22 @@ def crash(step: int) -> None:
     """Raise Crash if `crash@STEP` is armed at `step` (every time: no marker)."""
     if step in armed().get("crash", ()):
         raise Crash(f"failpoint crash@{step}")
+
+
+_paced = [0.0]  # time.monotonic() of this process's last pace() that let a step begin
+
+
+def pace() -> None:
+    """If `pace@MS` is armed: sleep until MS milliseconds have passed since this process's last step began."""
+    milliseconds = armed().get("pace")
+    if not milliseconds:
+        return
+    now = time.monotonic()
+    wait = _paced[0] + max(milliseconds) / 1000 - now
+    if wait > 0:
+        time.sleep(wait)
+        now += wait
+    _paced[0] = now
 
 
 def slow(step: int, seconds: float) -> None:

@@ -1,13 +1,14 @@
 """A straggler made by a real CPU quota: the 2-node compose job (compose/pai-2node, one process per node, the
 CIFAR-10 example), node1's container limited to a tenth of a CPU (`docker update --cpus`, the kernel's CFS quota)
 once training runs. node1's agent names its rank in one line within the window (5 s) plus the figures' lag, and
-appends the event to the shared output's stragglers.jsonl; node0 names nobody; the job trains on and both nodes end
-with 0. The decision's edges are trainpod.agent.stragglers' unit tests; the host test
+appends the event to the shared output's stragglers.jsonl; node0 names nobody; the quota is lifted, the job trains on
+and both nodes end with 0. The decision's edges are trainpod.agent.stragglers' unit tests; the host test
 (test_stragglers_host) slows a rank with a failpoint."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -26,7 +27,7 @@ NAMED = "[node1] trainpod: straggler: rank 1 (node 1) spends "
 
 @pytest.fixture
 def job(docker_ready, tmp_path):
-    job = ComposeJob(COMPOSE, env={"TRAINPOD_EPOCHS": "1"}, overrides=(STRAGGLERS,))
+    job = ComposeJob(COMPOSE, env={"TRAINPOD_EPOCHS": "6"}, overrides=(STRAGGLERS,))
     yield job
     for node in NODES:
         (tmp_path / f"{node}.log").write_text(job.compose("logs", "--timestamps", "--no-color", node, check=False).stdout)
@@ -50,14 +51,16 @@ def test_a_node_under_a_cpu_quota_is_named_a_straggler_by_its_own_agent_and_the_
     slowed_at = time.time()
     line = wait_until(lambda: next((ln for ln in job.logs("node1").splitlines() if NAMED in ln), None), 240,
                       "the straggler line on node1", job)
+    run("docker", "update", "--cpus", str(os.cpu_count()), node1)  # the rest of the job at its usual pace
     assert job.wait(*NODES, timeout=600) == {"node0": 0, "node1": 0}, "\n".join(job.logs(n)[-3000:] for n in NODES)
     logs = {node: job.logs(node) for node in NODES}
-    assert logs["node1"].count("trainpod: straggler: ") == 1, logs["node1"][-3000:]
+    assert logs["node1"].count(NAMED) == 1, logs["node1"][-3000:]
     assert "straggler" not in logs["node0"], logs["node0"][-3000:]
-    [event] = [json.loads(text) for text in in_volume(job, "print(open('/workspace/output/stragglers.jsonl').read())").split("\n")
-               if text.strip()]
+    event, *later = [json.loads(text) for text in in_volume(job, "print(open('/workspace/output/stragglers.jsonl').read())").split("\n")
+                     if text.strip()]
+    assert [e["event"] for e in later] in ([], ["keeps pace"]), later  # the job may end before the lifted quota shows
     assert (event["event"], event["rank"], event["node"]) == ("straggler", 1, "1"), event
     assert event["busy_s"] >= 1.3 * event["others_s"] > 0 and event["time"] - event["since"] >= WINDOW_S, event
     assert event["time"] >= slowed_at - 1, (event, slowed_at)  # named for the quota, not before it
     steps = [int(s) for s in STEP.findall(logs["node0"])]
-    print(f"\n{line}\n(named {event['time'] - slowed_at:.1f} s after the quota; the job went on to step {max(steps)})")
+    print(f"\n{line}\n(named {event['time'] - slowed_at:.1f} s after the quota; {len(steps)} steps in all)")

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,17 @@ def test_crash_raises_at_its_step_every_time_and_nowhere_else(monkeypatch):
     for _ in range(2):  # no marker: a node whose ranks always fail there
         with pytest.raises(failpoints.Crash, match="failpoint crash@6"):
             failpoints.crash(6)
+
+
+def test_pace_makes_each_step_last_at_least_its_milliseconds_and_nothing_unarmed(monkeypatch):
+    monkeypatch.setattr(failpoints, "_paced", [0.0])
+    monkeypatch.delenv(FAILPOINTS_VAR, raising=False)
+    started = time.monotonic()
+    for _ in range(3):
+        failpoints.pace()
+    assert time.monotonic() - started < 0.05
+    monkeypatch.setenv(FAILPOINTS_VAR, "pace@100,checkpoint-write@12")
+    started = time.monotonic()
+    for _ in range(4):  # the first step begins at once; each later one 0.1 s after the one before
+        failpoints.pace()
+    assert time.monotonic() - started >= 0.3

@@ -538,6 +538,7 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
                     trained = delivered * world  # DDP keeps ranks in step and the sampler gives every rank equal batches
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
                 failpoints.slow(step + 1, own_work)  # a test's straggler (TRAINPOD_FAILPOINTS=slow@STEP)
+                failpoints.pace()  # a test's job at one pace on any machine (TRAINPOD_FAILPOINTS=pace@MS)
                 began = time.perf_counter()
                 # No keyword: Apex's fused optimizers take none (both set the gradients to None).
                 optimizer.zero_grad()
