@@ -154,3 +154,23 @@ def test_explain_places_every_instance(name):
         assert topology["master_addr"] == env[f"PAI_HOST_IP_{role}_0"]
         assert topology["master_port"] == int(env[f"PAI_PORT_LIST_{role}_0_SyncPort"].split(",")[0])
     assert seen == nodes
+
+
+def test_an_elastic_protocol_with_spares_starts_them_and_every_instance_resolves_the_jobs_range():
+    # 3 nodes train, a 4th instance waits as a spare: trainpod run --nnodes 2:3 --spares 1 on every instance, and the job
+    # fails only when fewer than 2 of the 4 could remain.
+    result = here("job", "openpai", *shlex.split(f"imagenet-elastic --nodes 3 --spares 1 --rdzv-endpoint {ETCD}"))
+    assert result.returncode == 0, result.stderr
+    protocol = yaml.safe_load(result.stdout)
+    jsonschema.Draft202012Validator(SCHEMA).validate(protocol)
+    role = protocol["taskRoles"]["worker"]
+    assert role["instances"] == 4 and role["completion"]["minFailedInstances"] == 3
+    (command,) = role["commands"]
+    assert "--nnodes 2:3" in command and "--spares 1" in command, command
+    instances = list(instance_environments(protocol))
+    assert len(instances) == 4
+    for _, _, env in instances:
+        explained = here("explain", "--json", *shlex.split(command)[2:], env=env)
+        assert explained.returncode == 0, explained.stderr
+        rendezvous = json.loads(explained.stdout)["rendezvous"]
+        assert (rendezvous["min_nodes"], rendezvous["max_nodes"], rendezvous["spares"]) == (2, 3, 1), rendezvous

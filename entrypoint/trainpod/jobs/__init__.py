@@ -48,10 +48,13 @@ SHM_MB = Setting("shm_mb", "/dev/shm per node in MiB (default: what the example 
                  var="TRAINPOD_JOB_SHM_MB", metavar="MIB")
 RDZV_ENDPOINT = Setting("rdzv_endpoint", "an elastic example's etcd: HOST:PORT[,HOST:PORT...], where its nodes meet "
                         "(etcd-v3); kubeflow without it: c10d on worker 0", var="TRAINPOD_JOB_RDZV_ENDPOINT", metavar="ENDPOINTS")
+SPARES = Setting("spares", "an elastic example's hot spares: nodes started beyond --nodes that wait, torch imported, and take "
+                 "a lost node's place at the same world size (trainpod run --spares; default 0)", Integer(0, MAX_NODES),
+                 var="TRAINPOD_JOB_SPARES", default=0)
 SUBMIT = Setting("submit", "launch the job instead of printing it (slurm: sbatch; ssh: run it on every host)", Switch(),
                  var="TRAINPOD_JOB_SUBMIT", default=False)
 SETTINGS = (NODES, GPUS, NPROC_PER_NODE, BACKEND, IMAGE, NAME, CPUS, MEMORY_MB, SHM_MB, settings.TERM_GRACE, RDZV_ENDPOINT,
-            SUBMIT)
+            SPARES, SUBMIT)
 
 
 MAX_GRACE_S = 2**31 - 1  # terminationGracePeriodSeconds, docker's --stop-timeout: every scheduler holds it in 32 bits
@@ -119,6 +122,20 @@ def _endpoint(example: Example, text: str, origin: str) -> str:
     return ",".join(endpoints)
 
 
+def _spares(example: Example, nodes: int, spares: int, origin: str) -> int:
+    """--spares: nodes beyond --nodes; the job then trains on the example's minimum to --nodes, which must differ
+    (trainpod run keeps spares for an elastic job only: a job of a fixed size has no node to lose)."""
+    if not spares:
+        return 0
+    if example.min_nodes is None:
+        raise error_for(origin)(f"{origin}={spares}: the example {example.name} is not elastic; spares are for "
+                                f"{', '.join(e.name for e in EXAMPLES.values() if e.min_nodes is not None)}")
+    if nodes <= example.min_nodes:
+        raise error_for(origin)(f"{origin}={spares}: with spares the job trains on {example.min_nodes} to --nodes node(s), and "
+                                f"--nodes {nodes} leaves it no node to lose: give --nodes {example.min_nodes + 1} or more")
+    return spares
+
+
 def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapping[str, str],
           args: Sequence[str] = ()) -> tuple[Scheduler, settings.Values]:
     """The scheduler's renderer for this job, and the common settings (submit among them)."""
@@ -163,6 +180,7 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
         shm_mb=values.shm_mb or max(1024, example.shm_mib),
         term_grace=values.term_grace,
         rdzv_endpoint=endpoint,
+        spares=_spares(example, nodes, values.spares, values.origins["spares"]),
         args=tuple(args),
         command_line=_canonical(scheduler, example.name, values, own, cls.settings, args),
         origins=dict(values.origins),

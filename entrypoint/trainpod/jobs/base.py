@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from trainpod.errors import UsageError
+from trainpod.errors import UsageError, error_for
 from trainpod.examples import Example
 from trainpod.jobs.values import printable, shell_line
 from trainpod.settings import TERM_GRACE, Setting, Values, resolve
@@ -38,6 +38,7 @@ class JobRequest:
     shm_mb: int
     term_grace: float
     rdzv_endpoint: str | None = None  # an elastic example's etcd endpoints (host:port[,...]); None: the scheduler's way
+    spares: int = 0  # an elastic example's nodes started beyond `nodes`, each a hot spare (trainpod run --spares)
     args: tuple[str, ...] = ()  # the example's own flags (after --)
     command_line: tuple[str, ...] = ()  # the `trainpod job ...` argv that asked for it, for the file's header
     origins: Mapping[str, str] = field(default_factory=dict)
@@ -61,10 +62,18 @@ class JobRequest:
         return self.example.min_nodes is not None
 
     @property
+    def started(self) -> int:
+        """How many nodes the scheduler starts: the job's and its spares."""
+        return self.nodes + self.spares
+
+    @property
     def node_range(self) -> tuple[int, int]:
-        """(fewest, most) nodes it trains on: the example's range, widened to take in --nodes."""
+        """(fewest, most) nodes it trains on: the example's range, widened to take in --nodes. With spares the most is
+        --nodes: a node started beyond it waits as a spare instead of training."""
         if not self.elastic:
             return self.nodes, self.nodes
+        if self.spares:
+            return min(self.example.min_nodes, self.nodes), self.nodes
         return min(self.example.min_nodes, self.nodes), max(self.example.max_nodes or self.nodes, self.nodes)
 
     @property
@@ -86,10 +95,14 @@ class JobRequest:
             flags += ["--nproc-per-node", str(self.nproc_per_node)]
         if self.term_grace != TERM_GRACE.default:
             flags += ["--term-grace", f"{self.term_grace:g}"]
+        if self.elastic and (self.rdzv_endpoint or self.spares):
+            # The range as a flag, which wins over a scheduler's variable (the operator's PET_NNODES counts the spares).
+            flags += ["--nnodes", "{}:{}".format(*self.node_range)]
         if self.elastic and self.rdzv_endpoint:
             # The nodes meet in etcd over its v3 API (any etcd from 3.4 on): no node is the rendezvous.
-            low, high = self.node_range
-            flags += ["--nnodes", f"{low}:{high}", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", self.rdzv_endpoint]
+            flags += ["--rdzv-backend", "etcd-v3", "--rdzv-endpoint", self.rdzv_endpoint]
+        if self.spares:
+            flags += ["--spares", str(self.spares)]
         return flags
 
     def run_argv(self, *extra: str) -> list[str]:
@@ -106,6 +119,7 @@ class JobRequest:
         """'cifar10-ddp, 2 node(s) x 2 process(es), CPU, gloo' for comments and messages."""
         gpus = f"{self.gpus} GPU(s) per node" if self.gpus else "CPU"
         nodes = f"{self.nodes} node(s)" + (" ({} to {} as they leave and join)".format(*self.node_range) if self.elastic else "")
+        nodes += f" and {self.spares} spare(s)" if self.spares else ""
         return f"{self.example.name}, {nodes} x {self.processes_per_node} process(es), {gpus}, {self.effective_backend}"
 
     def generated_by(self) -> str:
@@ -120,11 +134,15 @@ class Scheduler(abc.ABC):
     description: ClassVar[str]
     settings: ClassVar[tuple[Setting, ...]] = ()
     submits: ClassVar[str | None] = None  # what --submit does, for the help; None: it cannot
+    no_spares: ClassVar[str | None] = None  # why this scheduler's job cannot keep spares; None: it can
 
     def __init__(self, request: JobRequest, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None):
         self.request = request
         self.env: Mapping[str, str] = env or {}  # what --submit may read besides the settings (ssh: SSH_AUTH_SOCK)
         self.options: Values = resolve(self.settings, flags or {}, self.env)
+        if request.spares and self.no_spares:
+            origin = request.origins.get("spares", "--spares")
+            raise error_for(origin)(f"{origin}={request.spares}: trainpod job {self.name}: {self.no_spares}")
         self.check()
 
     def check(self) -> None:

@@ -45,7 +45,7 @@ def protocol(request: JobRequest, role: str, port_label: str, virtual_cluster: s
     """The protocol as data (what the YAML holds)."""
     # Every node is needed: one failed instance fails the job, and it succeeds only when all have
     # (rank 0 finishing first must not stop the others' last writes). Elastic: fewer than MIN fail it.
-    min_failed = request.nodes - request.node_range[0] + 1 if request.elastic else 1
+    min_failed = request.started - request.node_range[0] + 1 if request.elastic else 1
     return {
         "protocolVersion": 2,
         "name": request.name,
@@ -56,7 +56,7 @@ def protocol(request: JobRequest, role: str, port_label: str, virtual_cluster: s
         "jobRetryCount": 0,
         "taskRoles": {
             role: {
-                "instances": request.nodes,
+                "instances": request.started,  # the spares too: each is an instance that waits
                 "completion": {"minFailedInstances": min_failed, "minSucceededInstances": -1},
                 "taskRetryCount": 0,
                 "dockerImage": IMAGE_REF,
@@ -110,6 +110,9 @@ class OpenPAIJob(Scheduler):
                 f"checkpoint on the others: the job fails only when fewer than {low} could remain (minFailedInstances).",
                 "--checkpoint-dir must be storage every instance mounts (a membership change resumes from it).",
                 f"The rendezvous id is the job's name and attempt; {high} is the most nodes it would take.",
+                *([f"{r.spares} instance(s) beyond {high} wait as spares (torch imported, training nothing) and take the",
+                   "place of an instance that is lost, at the same world size; with none left the job goes on smaller."]
+                  if r.spares else []),
                 f"Replace the image URI ({r.image}) with where you pushed the image.",
             ]) + to_yaml(self.data())
         header = comment([

@@ -35,6 +35,8 @@ class SlurmJob(Scheduler):
     name = "slurm"
     description = "an sbatch script: one `trainpod run` per node, started by srun (trainpod installed on the nodes)"
     submits = "sbatch (the script on its standard input)"
+    no_spares = ("srun ends the step on every node when one fails (--kill-on-bad-exit), so no job is left for a spare to "
+                 "join: use openpai or kubeflow for a job with spares")
     settings = (
         Setting("partition", "the partition (default: the cluster's default)", _PARTITION, var="TRAINPOD_JOB_PARTITION",
                 metavar="NAME"),

@@ -37,6 +37,8 @@ class SSHJob(Scheduler):
     name = "ssh"
     description = "trainpod run on every host of a list over SSH (asyncssh): docker run --net=host, or trainpod itself"
     submits = "runs it on every host, streams their output, stops them all on Ctrl-C"
+    no_spares = ("a host that fails stops the others (a job of a fixed host list), so no job is left for a spare to join: "
+                 "use openpai or kubeflow for a job with spares")
     settings = (
         HOSTS,
         HOSTS_FILE,

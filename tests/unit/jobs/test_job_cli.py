@@ -77,6 +77,11 @@ def test_a_variable_is_the_flags_twin_and_the_flag_wins():
     ["job", "openpai", "cifar10-ddp", "--pai-role", "1st"],
     ["job", "openpai", "cifar10-ddp", "--term-grace", "nan"],
     ["job", "openpai", "cifar10-ddp", "--submit"],
+    ["job", "openpai", "cifar10-ddp", "--spares", "1"],  # not elastic
+    ["job", "kubeflow", "imagenet-elastic", "--nodes", "2", "--spares", "1"],  # 2:2, no node to lose
+    ["job", "slurm", "imagenet-elastic", "--spares", "1"],  # srun ends the step when a node fails
+    ["job", "ssh", "imagenet-elastic", "--hosts", "a,b,c", "--spares", "1"],  # so does a failed host
+    ["job", "kubeflow", "imagenet-elastic", "--spares", "-1"],
 ])
 def test_usage_errors_exit_64_in_one_line(args):
     one_line_error(here(*args), 64)
@@ -88,6 +93,7 @@ def test_usage_errors_exit_64_in_one_line(args):
     ({"TRAINPOD_JOB_BACKEND": "nccl"}, "TRAINPOD_JOB_BACKEND=nccl"),
     ({"TRAINPOD_JOB_PAI_PORT_LABEL": "http"}, "TRAINPOD_JOB_PAI_PORT_LABEL='http'"),
     ({"TRAINPOD_TERM_GRACE": "0"}, "TRAINPOD_TERM_GRACE='0'"),
+    ({"TRAINPOD_JOB_SPARES": "1"}, "TRAINPOD_JOB_SPARES=1: the example cifar10-ddp is not elastic"),
 ])
 def test_bad_variables_exit_78_naming_them(env, named):
     assert named in one_line_error(here("job", "openpai", "cifar10-ddp", env=env), 78)

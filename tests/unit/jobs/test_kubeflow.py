@@ -155,3 +155,32 @@ def test_explain_finds_the_elastic_rendezvous_in_every_pod(args, backend, endpoi
         assert rendezvous["elastic"] and rendezvous["backend"] == backend
         assert rendezvous["endpoint"] == (endpoint or f"{name}-worker-0:23456")
         assert topology["origins"]["rdzv_endpoint"] == ("--rdzv-endpoint" if endpoint else "PET_RDZV_ENDPOINT")
+
+
+# Spares: Worker pods beyond --nodes. The operator sets PET_NNODES from the policy (the spares counted, as it refuses
+# replicas above maxReplicas); trainpod's --nnodes and --spares in the pods' args say the job's range and win.
+SPARES = [
+    ("imagenet-elastic --nodes 3 --spares 1 --gpus 0", 1, "c10d", None),
+    ("imagenet-elastic --nodes 3 --spares 2 --rdzv-endpoint etcd-0:2379", 2, "etcd-v3", "etcd-0:2379"),
+]
+
+
+@pytest.mark.parametrize("args,spares,backend,endpoint", SPARES)
+def test_spares_are_worker_pods_beyond_the_nodes_and_every_pod_resolves_the_jobs_range(args, spares, backend, endpoint):
+    job = render(args)
+    client = ApiClient()
+    typed = client.deserialize(_Response(job), "KubeflowOrgV1PyTorchJob")
+    assert drop_empty(client.sanitize_for_serialization(typed)) == job
+    worker, policy = job["spec"]["pytorchReplicaSpecs"]["Worker"], job["spec"]["elasticPolicy"]
+    assert worker["replicas"] == 3 + spares and (policy["minReplicas"], policy["maxReplicas"]) == (2, 3 + spares)
+    pods = list(pod_environments(job))
+    assert len(pods) == 3 + spares
+    (container,) = worker["template"]["spec"]["containers"]
+    for _rtype, _index, env in pods:
+        assert env["PET_NNODES"] == f"2:{3 + spares}"
+        result = here("explain", "--json", *container["args"][2:], env=env)
+        assert result.returncode == 0, result.stderr
+        topology = json.loads(result.stdout)
+        rendezvous = topology["rendezvous"]
+        assert (rendezvous["min_nodes"], rendezvous["max_nodes"], rendezvous["spares"]) == (2, 3, spares), topology
+        assert rendezvous["backend"] == backend and topology["origins"]["nnodes"] == "--nnodes"
