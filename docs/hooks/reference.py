@@ -122,7 +122,7 @@ def table(group: Iterable[settings.Setting], *, flag_column: bool = True) -> str
 
 # `trainpod run` and `trainpod explain`, in the order of their --help.
 RUNNING = (settings.CONNECT_TIMEOUT, *settings.SUPERVISION, *settings.HANGS, *settings.OBSERVING, settings.WARM_START,
-           settings.RECOVERY,
+           settings.RECOVERY, settings.PEER_COPIES,
            settings.TRUST_CHECKPOINTS, *settings.NODE_CHECKS)
 
 

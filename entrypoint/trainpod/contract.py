@@ -45,6 +45,17 @@ STRAGGLERS_FILE = "stragglers.jsonl"  # under the output directory: the straggle
 RECORDS_DIR = "records"  # under the output directory: each node's run records (trainpod.records)
 REPORT_FILE = "report.html"  # under the output directory: what `trainpod report` writes (trainpod.launcher.report)
 PROGRESS_DIR = "progress"  # in the supervisor's directory: the ranks' progress files (it outlives an agent)
+PEER_COPIES_FILE = "peer-copies.json"  # in the progress directory: every node's copy server, by group rank (the
+# agent writes it each round before it starts the ranks, which read it: a rank forked from the warm server has the
+# server's environment, not what the agent set after the server started)
+
+# --- peer copies: HTTP from a rank to another node's agent (trainpod.agent.peercopy) -----------------
+
+PEER_COPY_PATH = "/copy"  # PUT: a committed checkpoint's bytes, its manifest in PEER_COPY_MANIFEST_HEADER
+PEER_MANIFEST_PATH = "/manifest"  # GET: the manifest of the copy held (404: none)
+PEER_DATA_PATH = "/data"  # GET ?step=N: the bytes of the copy held, if it is still step N (409: another)
+PEER_JOB_HEADER = "X-Trainpod-Job"  # every request: the job's run id (TORCHELASTIC_RUN_ID); another job's is refused
+PEER_COPY_MANIFEST_HEADER = "X-Trainpod-Manifest"  # the manifest, JSON on one line
 
 # --- exit codes ----------------------------------------------------------------------------------
 

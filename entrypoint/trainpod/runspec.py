@@ -109,6 +109,7 @@ class RunSpec:
     metrics_port: int = _run(settings.METRICS_PORT)
     warm_start: str = _run(settings.WARM_START)
     recovery: str = _run(settings.RECOVERY)
+    peer_copies: bool = _run(settings.PEER_COPIES)
     trust_checkpoints: bool = _run(settings.TRUST_CHECKPOINTS)
     consistency: str = _run(settings.CONSISTENCY)
     netcheck: str = _run(settings.NETCHECK)
@@ -117,10 +118,11 @@ class RunSpec:
 
     def node_checks(self) -> str:
         """The checks this node runs with the others at each rendezvous, in the words of their flags: every node must
-        run the same (trainpod.agent.consistency compares them). A --min-bandwidth asks for the network check."""
+        run the same (trainpod.agent.consistency compares them). A --min-bandwidth asks for the network check. Peer
+        copies are exchanged at each rendezvous too: a node without them would leave the others waiting for its address."""
         netcheck = "on" if self.netcheck != "off" or self.min_bandwidth else "off"
         bound = f" --min-bandwidth {self.min_bandwidth:g}" if self.min_bandwidth else ""
-        return f"--netcheck {netcheck}{bound} --devcheck {self.devcheck}"
+        return f"--netcheck {netcheck}{bound} --devcheck {self.devcheck}" + (" --peer-copies" if self.peer_copies else "")
 
     @staticmethod
     def from_values(topology: Topology, target: Target, values: settings.Values) -> RunSpec:

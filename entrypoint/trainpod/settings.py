@@ -526,6 +526,12 @@ RECOVERY = Setting(
     "at once, restoring the checkpoint from memory; needs a warm start and a script that uses trainpod.train.inprocess, as "
     "the bundled examples do; trainpod.agent.keeper)", Choice(("restart", IN_PROCESS)), var="TRAINPOD_RECOVERY",
     default="restart")
+PEER_COPIES = Setting(
+    "peer_copies", "keep the job's newest checkpoint in another node's memory too: after each commit the rank that "
+    "wrote it sends it to the next node's agent, and a rank whose checkpoint directory has nothing as new (a node-local "
+    "directory, a node that replaces a lost one, a spare) restores from that memory over the network, checked against "
+    "its manifest's sha256; costs each node memory for one checkpoint (trainpod.agent.peercopy)", Switch(),
+    var="TRAINPOD_PEER_COPIES", default=False)
 
 CONSISTENCY = Setting(
     "consistency", "what a node whose software differs from the others' costs, checked at each rendezvous before any "

@@ -86,3 +86,4 @@ def test_the_node_checks_are_said_in_their_flags_words_and_a_bound_asks_for_the_
     assert spec.node_checks() == "--netcheck off --devcheck off"
     assert replace(spec, min_bandwidth=0.5).node_checks() == "--netcheck on --min-bandwidth 0.5 --devcheck off"
     assert replace(spec, netcheck="on", devcheck="on").node_checks() == "--netcheck on --devcheck on"
+    assert replace(spec, peer_copies=True).node_checks() == "--netcheck off --devcheck off --peer-copies"

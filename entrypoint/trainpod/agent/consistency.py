@@ -339,7 +339,7 @@ def verdict(prints: Mapping[int, Fingerprint]) -> str | None:
 def remedy(line: str) -> str:
     """What makes the nodes of a verdict's `line` agree."""
     if "node checks" in line.split(":", 1)[0]:
-        return "give every node the same --netcheck, --min-bandwidth and --devcheck"
+        return "give every node the same --netcheck, --min-bandwidth, --devcheck and --peer-copies"
     return "give every node the same software"
 
 

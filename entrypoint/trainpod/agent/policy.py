@@ -93,7 +93,7 @@ import time
 from pathlib import Path
 
 from trainpod import log
-from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, survivors, warm
+from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, peercopy, survivors, warm
 from trainpod.agent.committed import SharedCommitted
 from trainpod.agent.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.contract import INPROCESS_MAX_VAR, PROGRESS_DIR, PROGRESS_DIR_VAR, SUPERVISOR_DIR_VAR
@@ -295,6 +295,32 @@ class AgentPolicy:
         self.committed: SharedCommitted | None = None
         if self.run_store is not None and self.nnodes > 1:
             self.committed = SharedCommitted(self.run_store, lambda: restarts.reported(self._progress_dir)[0]).start()
+        self.copies = self._copy_server(spec.rdzv_handler) if run.peer_copies else None  # --peer-copies
+
+    def _copy_server(self, handler) -> peercopy.CopyServer | None:
+        """--peer-copies: the server that keeps another node's newest checkpoint in this agent's memory, on the job's
+        interface (trainpod.agent.peercopy). A node with no address there keeps none, and says so."""
+        interface = self.run_spec.topology.interface or ""
+        address = netcheck.address_of(interface) if interface else None
+        if address is None:
+            self._say(f"warning: --peer-copies: this node has no address on the interface {interface or '(none chosen)'}: "
+                      "it keeps no copy, and its ranks restore from their checkpoint directory only")
+            return None
+        return peercopy.CopyServer(address, handler.get_run_id())
+
+    def _share_copies(self, worker_group) -> None:
+        """Every node's copy server, by group rank, for this round's ranks (peercopy.share: a file they read)."""
+        if self.copies is None:
+            return
+        world, addresses = worker_group.group_world_size or 1, [self.copies.address]
+        if world > 1:
+            try:
+                addresses = peercopy.exchange(worker_group.store, worker_group.group_rank, world, self.copies.address)
+            except Exception as error:  # noqa: BLE001 - a node without --peer-copies never publishes (--consistency off)
+                self._say(f"warning: --peer-copies: the other nodes' copy servers were not found ({type(error).__name__}: "
+                          f"{str(error)[:200]}): this round's ranks restore from their checkpoint directory only")
+                addresses = []
+        peercopy.share(self._progress_dir, addresses)
 
     def _close_only_at_the_end(self, handler) -> None:
         """torch's launcher closes the rendezvous whenever its agent ends but by a signal: also when this node's
@@ -469,6 +495,7 @@ class AgentPolicy:
         while not (self._check_network(worker_group) and self._check_devices(worker_group)):  # a node left: meet again
             super()._rendezvous(worker_group)
             self._check_consistency(worker_group)
+        self._share_copies(worker_group)
         self._members = node_order.members(worker_group.spec.rdzv_handler)
         self._spare = False  # in a round: a spare no more
         if (figures := metrics.recorder()) is not None:

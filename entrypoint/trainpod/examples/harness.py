@@ -364,7 +364,8 @@ class TrainState:
             found = ", ".join(f"rank {r}: {s or 'none'}" for r, s in enumerate(steps))
             raise ConfigError(f"the ranks found different newest checkpoints in {self.checkpointer.directory} ({found}): "
                               "--checkpoint-dir must be one directory shared by every node (a shared volume or "
-                              "file system), not a local one per node")
+                              "file system), or a local one per node with each checkpoint in the nodes' memory too "
+                              "(trainpod run --peer-copies)")
         return True
 
     def save(self, step: int, loss_curve: list) -> None:

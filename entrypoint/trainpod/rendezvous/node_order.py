@@ -45,13 +45,18 @@ waited out the whole last call for nobody (3 s by an elastic trainpod job's defa
 torch's 30 s); here they meet as soon as the last of them joins, and one that is slow to stop its ranks, its
 heartbeat alive, is still waited for, up to the last call. (torch forgets the heartbeat of a node that leaves a
 round; one that leaves to join the next, next_rendezvous' first step, keeps it here: between its exit and its join
-it would look dead. A node that leaves the rendezvous for good says so first: leave().)
+it would look dead. A node that leaves the rendezvous for good says so first: leave(). torch also forgets the
+heartbeat of a spare that comes off the redundancy list once its round lost a node, and only the spare's next step
+puts it on the wait list: in between it was in no list, and the survivors' round closed without it, then restarted
+for it (seen in CI, a round of two before the round of three). Here it goes to the wait list in the same step, its
+heartbeat alive.)
 
 torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
 _add_to_participants(), _remove_from_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the
 state's `participants`, `round`, `complete`, `closed`, `wait_list`, `redundancy_list` and `last_heartbeats`, the
 handler's `_this_node`, `_state_holder`, `_heartbeat_lock` and `_get_world()`, and the join and exit operations' __call__(ctx, deadline)
-(_RendezvousJoinOp, _RendezvousExitOp; _Action.FINISH, MARK_RENDEZVOUS_COMPLETE, ADD_TO_REDUNDANCY_LIST).
+(_RendezvousJoinOp, _RendezvousExitOp; _Action.FINISH, MARK_RENDEZVOUS_COMPLETE, ADD_TO_REDUNDANCY_LIST), and the
+executor's _remove_from_redundancy_list().
 """
 
 from __future__ import annotations
@@ -187,6 +192,8 @@ def torch_internals_missing() -> list[str]:
                 getattr(dynamic_rendezvous._RendezvousExitOp.__call__, "torch_method", dynamic_rendezvous._RendezvousExitOp.__call__)),
         "_remove_from_participants() (a node leaving a round forgets its heartbeat)":
             lambda: "del state.last_heartbeats[self._node]" in inspect.getsource(torchs("_remove_from_participants")),
+        "_remove_from_redundancy_list() (a spare coming off the list forgets its heartbeat)":
+            lambda: "del self._state.last_heartbeats[self._node]" in inspect.getsource(torchs("_remove_from_redundancy_list")),
         "_RendezvousState's wait_list, redundancy_list and last_heartbeats (the nodes a later round waits for)":
             lambda: all(f"self.{name} =" in inspect.getsource(dynamic_rendezvous._RendezvousState.__init__)
                         for name in ("wait_list", "redundancy_list", "last_heartbeats")),
@@ -215,6 +222,7 @@ def _install() -> None:
 
     torch_add, torch_complete, torch_world = Executor._add_to_participants, Executor._mark_rendezvous_complete, Handler._get_world
     torch_join, torch_exit, torch_remove = JoinOp.__call__, ExitOp.__call__, Executor._remove_from_participants
+    torch_unspare = Executor._remove_from_redundancy_list
 
     def _add_to_participants(self) -> None:
         rank = _wanted.get(self._node)
@@ -247,6 +255,13 @@ def _install() -> None:
         if self._node in _rejoining:  # alive, and about to join the next round: the others' next round waits for it
             self._state.last_heartbeats[self._node] = datetime.now(timezone.utc)
 
+    def _remove_from_redundancy_list(self) -> None:
+        torch_unspare(self)
+        # Its round lost a node: on to the wait list now, heartbeat alive (the module docstring), as torch's next step
+        # would put it; a round that closes meanwhile waits for it.
+        self._state.wait_list.add(self._node)
+        self._state.last_heartbeats[self._node] = datetime.now(timezone.utc)
+
     def _mark_rendezvous_complete(self) -> None:
         torch_complete(self)
         state = self._state
@@ -269,7 +284,9 @@ def _install() -> None:
     _get_world.torch_method = torch_world  # type: ignore[attr-defined]
     join.torch_method, exit.torch_method = torch_join, torch_exit  # type: ignore[attr-defined]
     _remove_from_participants.torch_method = torch_remove  # type: ignore[attr-defined]
+    _remove_from_redundancy_list.torch_method = torch_unspare  # type: ignore[attr-defined]
     Executor._remove_from_participants = _remove_from_participants
+    Executor._remove_from_redundancy_list = _remove_from_redundancy_list
     Executor._add_to_participants = _add_to_participants
     Executor._mark_rendezvous_complete = _mark_rendezvous_complete
     Handler._get_world = _get_world

@@ -149,6 +149,6 @@ def test_a_node_with_other_node_checks_is_named_with_the_flags_that_make_them_ag
     line = verdict({0: node("a", checks=checks), 1: node("b", checks="--netcheck off --devcheck off"), 2: node("c", checks=checks)})
     assert line == ("node 1 (b) runs other node checks than the rest: checks '--netcheck off --devcheck off' on node 1 (b), "
                     f"'{checks}' on nodes 0 (a), 2 (c)")
-    assert consistency.remedy(line) == "give every node the same --netcheck, --min-bandwidth and --devcheck"
+    assert consistency.remedy(line) == "give every node the same --netcheck, --min-bandwidth, --devcheck and --peer-copies"
     software = verdict({0: node("a", torch="2.12.0+cpu"), 1: node("b")})
     assert software is not None and consistency.remedy(software) == "give every node the same software"

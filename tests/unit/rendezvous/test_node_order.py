@@ -267,3 +267,23 @@ def test_expected_is_the_last_rounds_members_and_both_lists_with_a_live_heartbea
     assert not node_order.closes_now(state, "a", 5)  # fewer than the minimum
     state.complete = True
     assert not node_order.closes_now(state, "a", 2)
+
+
+def test_a_spare_that_comes_off_the_redundancy_list_is_on_the_wait_list_at_once_and_waited_for():
+    # torch takes it off the list and forgets its heartbeat; only its next step put it on the wait list, and a round
+    # that closed in between did not wait for it (seen in CI: a round of two, then one of three for the spare).
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _DistributedRendezvousOpExecutor, _RendezvousState
+
+    node_order._install()
+    state = _RendezvousState()
+    setattr(state, node_order.ROUND_ATTR, (0, {"a": 0, "b": 1, "lost": 2}))
+    state.redundancy_list = {"spare"}
+    state.last_heartbeats = dict.fromkeys(("a", "b", "spare"), datetime.now(timezone.utc))
+    spare = SimpleNamespace(_state=state, _node="spare", _settings=SimpleNamespace(run_id="job"), _record=lambda **_: None)
+    _DistributedRendezvousOpExecutor._remove_from_redundancy_list(spare)
+    assert (state.redundancy_list, state.wait_list) == (set(), {"spare"})
+    assert node_order.expected(state) == {"a", "b", "spare"}
+    state.participants = dict.fromkeys(("a", "b"), 0)
+    assert not node_order.closes_now(state, "a", 2)  # the survivors' round waits for the spare

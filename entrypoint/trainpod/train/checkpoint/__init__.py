@@ -101,6 +101,18 @@ with a save in flight still finishes that save before the process exits. A failu
 logged, but only wait()/close() can turn it into an exception, so end with close() or use the
 Checkpointer as a context manager. A kill loses at most the saves still in flight.
 
+Peer copies. Under `trainpod run --peer-copies` (trainpod.agent.peercopy) every node's agent keeps the
+newest checkpoint a rank sent it in memory: before each commit the writer sends the file to its own
+node's agent and to the next node's (by group rank, a ring), in the writer thread, so that losing either
+node leaves a copy and no node's memory is behind a disk. Before
+load_latest() reads the directory it asks every node which copy it holds; one newer than the directory's
+newest manifest is fetched, its size and sha256 checked against the manifest that came with it, and loaded
+as a file is (the weights-only unpickler, unless trusted), with one line naming the node: a node whose
+disk lost the checkpoint (a node-local directory, a replacement, a spare) goes on from the job's newest
+checkpoint instead of an older one or none. The copy is not written to the directory; the next save is.
+Anything else (no peer answers, a copy that does not verify) leaves the directory to decide, with one line.
+One copy per job: a script with two Checkpointers gives peer copies to one of them only (peers=False).
+
 One writer per directory. Only one process may save to a directory (with torchrun: rank 0); every
 rank may load from it. Leftovers of an interrupted save (temporary files, data without manifest)
 are removed by the writer before its first save, not by constructing a Checkpointer, so a rank
@@ -141,6 +153,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import operator
 import os
 import sys
@@ -159,6 +172,7 @@ from trainpod.errors import EXIT_CANTCREAT, EXIT_CONFIG, NO_SPACE, TrainpodError
 from trainpod.settings import TRUST_CHECKPOINTS
 from trainpod.train import progress
 from trainpod.train.checkpoint import files
+from trainpod.train.checkpoint.peers import Held, PeerError, Peers
 from trainpod.train.checkpoint.snapshot import Snapshot
 
 __all__ = ["CheckpointError", "Checkpointer"]
@@ -348,11 +362,12 @@ class Checkpointer:
     """Atomic, verified, background checkpoints of one training run in `directory`."""
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3, *, log: Callable[[str], None] | None = None,
-                 trusted: bool | None = None, safe_globals: Iterable[Any] = ()):
+                 trusted: bool | None = None, safe_globals: Iterable[Any] = (), peers: Peers | bool = True):
         """`trusted`: load checkpoints that the weights-only unpickler refuses with the full one (which
         runs any code a file carries); None: as --trust-checkpoints (TRAINPOD_TRUST_CHECKPOINTS) says,
         off by default. `safe_globals`: your own types that the weights-only load may build (see the
-        module's docstring)."""
+        module's docstring). `peers`: the nodes whose memory keeps a copy of each checkpoint (Peer copies,
+        in the module's docstring); True: the ones `trainpod run --peer-copies` gave this rank, if any; False: none."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an int of at least 1, got {keep!r}")
         self.directory = Path(directory)
@@ -373,6 +388,8 @@ class Checkpointer:
         self._spare: Any = None
         self._prepared = False
         self._closed = False
+        self._peers = Peers.from_env() if peers is True else peers or None
+        self._copy_failing = False  # the last copy to the next node failed: said once, until one arrives again
         failpoints.armed()  # a malformed TRAINPOD_FAILPOINTS fails here, not in the writer thread
 
     def __repr__(self) -> str:
@@ -510,6 +527,9 @@ class Checkpointer:
             self._wait_idle_locked()  # our own saves first; their errors stay for save()/wait()
         names = self._list()
         data_steps, manifest_steps = files.listed_steps(names)
+        from_peer = self._load_from_peer(max(manifest_steps, default=None))
+        if from_peer is not None:
+            return from_peer
         for step in sorted(data_steps | manifest_steps, reverse=True):
             if step not in manifest_steps:
                 self._log(f"ignoring {self.directory / files.data_name(step)}: no manifest (its save did not finish)")
@@ -631,7 +651,9 @@ class Checkpointer:
         try:
             # The data's new name must be durable before the manifest that points at it is.
             fsync_dir(self.directory)
-            files.write_manifest(self.directory, job.step, size, digest)
+            manifest = files.new_manifest(job.step, size, digest)
+            self._send_copies(manifest, data_path)  # before the commit: no node's memory is behind a disk
+            files.write_manifest(self.directory, manifest)
         except BaseException:
             # Uncommitted data is no checkpoint; remove it so that a full disk gets its space back.
             with contextlib.suppress(OSError):
@@ -678,6 +700,47 @@ class Checkpointer:
             # The new checkpoint is committed; failing it now would be wrong. Say so once.
             self._log(f"could not delete old checkpoints in {self.directory}: {exc.strerror or exc}")
 
+    # --- peer copies ---
+
+    def _send_copies(self, manifest: dict, path: Path) -> None:
+        """Checkpoint `manifest` (its data at `path`) to this node's and the next node's memory (Peer copies), before
+        its commit. A failure is said once, until the copies arrive again: the disk holds the checkpoint either way."""
+        if self._peers is None:
+            return
+        step = manifest["step"]
+        try:
+            addresses = self._peers.send(manifest, path)
+        except PeerError as error:
+            if not self._copy_failing:
+                self._log(f"could not copy the checkpoint of step {step} to the nodes' memory ({error}); the disk holds it")
+            self._copy_failing = True
+            return
+        if self._copy_failing:
+            self._log(f"the checkpoint of step {step} is in the nodes' memory again ({', '.join(addresses)})")
+        self._copy_failing = False
+
+    def _load_from_peer(self, newest_on_disk: int | None) -> tuple[int, Any] | None:
+        """(step, state) of a copy in a peer's memory newer than anything on this disk; None where there is none, or
+        it does not arrive whole (said in one line: the disk decides)."""
+        if self._peers is None:
+            return None
+        held = self._peers.newest()
+        if held is None or (newest_on_disk is not None and held.step <= newest_on_disk):
+            return None
+        started = time.monotonic()
+        try:
+            data = self._peers.fetch(held)
+        except PeerError as error:
+            self._log(f"the copy of step {held.step} in node {held.node}'s memory did not arrive whole ({error}): "
+                      f"loading from {self.directory}")
+            return None
+        state = self._unpickle(_named_bytes(data, held))
+        on_disk = f"step {newest_on_disk}" if newest_on_disk is not None else "no checkpoint"
+        self._log(f"resuming from step {held.step}, the copy in the memory of node {held.node} ({held.address}): "
+                  f"{len(data) / 1e6:.1f} MB in {time.monotonic() - started:.2f} s; {self.directory} has {on_disk}")
+        progress.committed(held.step)
+        return held.step, state
+
     # --- loading ---
 
     def _trusting(self, refused: files.Refused) -> None:
@@ -693,16 +756,27 @@ class Checkpointer:
             self._log(f"skipping {exc}")
             return None
         with f:
-            try:
-                return (files.torch_load(f, trusted=self.trusted, safe_globals=self.safe_globals, on_trust=self._trusting),)
-            except files.Refused as refused:
-                # Deterministic: every rank, every retry refuses it alike; an older checkpoint is no answer
-                # either (a silent roll-back, and whoever wrote this one may have written those too).
-                raise CheckpointError(_refusal(refused, self.directory), exit_code=EXIT_CONFIG) from None
-            except Exception as exc:
-                # Not damage (the bytes are those written) but a mismatch with this environment.
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                raise CheckpointError(
-                    f"{f.name} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {first}",
-                    exit_code=EXIT_CONFIG,
-                ) from exc
+            return (self._unpickle(f),)
+
+    def _unpickle(self, f) -> Any:
+        """What a verified checkpoint (a file, or a peer's copy) holds."""
+        try:
+            return files.torch_load(f, trusted=self.trusted, safe_globals=self.safe_globals, on_trust=self._trusting)
+        except files.Refused as refused:
+            # Deterministic: every rank, every retry refuses it alike; an older checkpoint is no answer
+            # either (a silent roll-back, and whoever wrote this one may have written those too).
+            raise CheckpointError(_refusal(refused, self.directory), exit_code=EXIT_CONFIG) from None
+        except Exception as exc:
+            # Not damage (the bytes are those written) but a mismatch with this environment.
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise CheckpointError(
+                f"{f.name} matches its manifest's sha256, but torch.load cannot read it here: {type(exc).__name__}: {first}",
+                exit_code=EXIT_CONFIG,
+            ) from exc
+
+
+def _named_bytes(data: bytes, held: Held) -> io.BytesIO:
+    """A peer's copy as a file object whose name the load's messages show."""
+    buffer = io.BytesIO(data)
+    buffer.name = f"the copy of {files.data_name(held.step)} in the memory of node {held.node} ({held.address})"
+    return buffer

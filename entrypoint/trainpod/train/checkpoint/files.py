@@ -68,9 +68,9 @@ def leftovers(names: list[str]) -> list[str]:
     return found + [data_name(step) for step in sorted(data_steps - manifest_steps)]
 
 
-def write_manifest(directory: Path, step: int, size: int, digest: str) -> None:
-    """Commit checkpoint `step`: its manifest via a temporary file, fsync, rename, fsync the directory."""
-    manifest = {
+def new_manifest(step: int, size: int, digest: str) -> dict:
+    """The manifest of checkpoint `step`: what its data file must be."""
+    return {
         "format": FORMAT,
         "version": VERSION,
         "step": step,
@@ -80,7 +80,12 @@ def write_manifest(directory: Path, step: int, size: int, digest: str) -> None:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
     }
-    write_bytes_atomic(directory / manifest_name(step), (json.dumps(manifest, indent=2) + "\n").encode(), temp_suffix=TEMP_SUFFIX)
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    """Commit a checkpoint: its manifest via a temporary file, fsync, rename, fsync the directory."""
+    path = directory / manifest_name(manifest["step"])
+    write_bytes_atomic(path, (json.dumps(manifest, indent=2) + "\n").encode(), temp_suffix=TEMP_SUFFIX)
 
 
 def read_manifest(path: Path, step: int) -> dict:

@@ -1,0 +1,179 @@
+"""Peer copies, the rank's side (--peer-copies; the agent's side is trainpod.agent.peercopy).
+
+The Checkpointer of a rank started under `trainpod run --peer-copies` finds every node's copy server in
+PEER_COPIES_FILE, which its agent writes in the progress directory each round (by group rank: torch's
+GROUP_RANK is this node's). Before each commit it sends the checkpoint
+to its own node's agent and to the next node's (send()), in its writer thread: losing either node leaves a copy,
+and no node's memory is behind a disk, so every rank that takes the newer of its disk and the peers' copies
+takes the same step. Before it loads from its disk it asks every node which copy it holds (newest()), and
+fetches one newer than its disk's newest (fetch()), its size and sha256 checked against the manifest that came
+with it. A peer that does not answer, or a copy that does not verify, is one line and the disk decides, as
+without peer copies: a copy is a faster or a surviving way to the same checkpoint, never another one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainpod.contract import (
+    PEER_COPIES_FILE,
+    PEER_COPY_MANIFEST_HEADER,
+    PEER_COPY_PATH,
+    PEER_DATA_PATH,
+    PEER_JOB_HEADER,
+    PEER_MANIFEST_PATH,
+    PROGRESS_DIR_VAR,
+)
+
+ASK_TIMEOUT_S = 5.0  # a peer's answer to "what do you hold": a node gone does not answer at all
+TRANSFER_TIMEOUT_S = 300.0  # a socket that stays silent this long in a transfer: the peer is gone
+_BLOCK = 4 << 20
+
+
+class PeerError(Exception):
+    """A peer that does not answer as it should; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """A copy a peer holds: the node (its group rank), its server, the checkpoint's manifest."""
+
+    node: int
+    address: str
+    manifest: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Peers:
+    """Every node's copy server in this round (by group rank), this node's place among them, the job's run id."""
+
+    def __init__(self, addresses: list[str], me: int, job: str):
+        self.addresses = list(addresses)
+        self.me = me
+        self.job = job
+
+    @staticmethod
+    def from_env(environ=os.environ) -> Peers | None:
+        """The peers this rank's agent wrote for its round; None without --peer-copies (or outside `trainpod run`)."""
+        directory = environ.get(PROGRESS_DIR_VAR, "")
+        if not directory:
+            return None
+        try:
+            with open(os.path.join(directory, PEER_COPIES_FILE), "rb") as f:
+                addresses = [str(a) for a in json.loads(f.read())]
+            me = int(environ.get("GROUP_RANK", "0"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError):
+            return None  # not the agent's: no peer copies rather than a rank that cannot start
+        return Peers(addresses, me, environ.get("TORCHELASTIC_RUN_ID", ""))
+
+    def successor(self) -> str | None:
+        """The next node of the ring; None alone."""
+        if len(self.addresses) < 2 or not 0 <= self.me < len(self.addresses):
+            return None
+        return self.addresses[(self.me + 1) % len(self.addresses)]
+
+    def targets(self) -> list[str]:
+        """Where this node's checkpoints go: its own agent and the next node's, so that losing either node leaves
+        one copy (a writer's node lost: the next node has it; the next node lost: the writer's own agent)."""
+        own = [self.addresses[self.me]] if 0 <= self.me < len(self.addresses) else []
+        return own + [a for a in [self.successor()] if a is not None and a not in own]
+
+    def _connection(self, address: str, timeout: float) -> http.client.HTTPConnection:
+        host, port = _split(address)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def send(self, manifest: dict, path: Path) -> list[str]:
+        """PUT the checkpoint at `path` (described by `manifest`) to every target (targets()); their addresses.
+        PeerError naming each one that did not take it."""
+        failed = []
+        for address in self.targets():
+            try:
+                self._put(address, manifest, path)
+            except PeerError as error:
+                failed.append(str(error))
+        if failed:
+            raise PeerError("; ".join(failed))
+        return self.targets()
+
+    def _put(self, address: str, manifest: dict, path: Path) -> None:
+        connection = self._connection(address, TRANSFER_TIMEOUT_S)
+        try:
+            with open(path, "rb") as f:
+                connection.request("PUT", PEER_COPY_PATH, body=f, headers={
+                    "Content-Length": str(os.fstat(f.fileno()).st_size), PEER_JOB_HEADER: self.job,
+                    PEER_COPY_MANIFEST_HEADER: json.dumps(manifest, separators=(",", ":"))})
+            response = connection.getresponse()
+            said = response.read().decode(errors="replace").strip()
+        except OSError as error:
+            raise PeerError(f"{address}: {error.strerror or error}") from None
+        finally:
+            connection.close()
+        if response.status != 204:
+            raise PeerError(f"{address} answered {response.status}: {said[:200]}")
+
+    def _ask(self, node: int) -> Held | None:
+        address = self.addresses[node]
+        connection = self._connection(address, ASK_TIMEOUT_S)
+        try:
+            connection.request("GET", PEER_MANIFEST_PATH, headers={PEER_JOB_HEADER: self.job})
+            response = connection.getresponse()
+            body = response.read()
+        except OSError:
+            return None  # a node gone: the others may hold it
+        finally:
+            connection.close()
+        if response.status != 200:
+            return None
+        try:
+            manifest = json.loads(body)
+            held = Held(node, address, manifest)
+            held.step  # noqa: B018 - a manifest without a step is no copy
+        except (ValueError, KeyError, TypeError):
+            return None
+        return held
+
+    def newest(self) -> Held | None:
+        """The newest copy any node holds (asked all at once), this node's own where it holds that one too; or None."""
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(self.addresses)))) as pool:
+            found = [held for held in pool.map(self._ask, range(len(self.addresses))) if held is not None]
+        return max(found, key=lambda held: (held.step, held.node == self.me), default=None)
+
+    def fetch(self, held: Held) -> bytes:
+        """The bytes of `held`, checked against its manifest (size and sha256); PeerError otherwise."""
+        connection = self._connection(held.address, TRANSFER_TIMEOUT_S)
+        try:
+            connection.request("GET", f"{PEER_DATA_PATH}?step={held.step}", headers={PEER_JOB_HEADER: self.job})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise PeerError(f"{held.address} answered {response.status}: "
+                                f"{response.read().decode(errors='replace').strip()[:200]}")
+            data, hashing = bytearray(), hashlib.sha256()
+            while block := response.read(_BLOCK):
+                data += block
+                hashing.update(block)
+        except OSError as error:
+            raise PeerError(f"{held.address}: {error.strerror or error}") from None
+        finally:
+            connection.close()
+        if len(data) != int(held.manifest["size"]):
+            raise PeerError(f"{held.address} sent {len(data)} bytes of step {held.step}, its manifest says "
+                            f"{held.manifest['size']}")
+        if hashing.hexdigest() != held.manifest["sha256"]:
+            raise PeerError(f"{held.address} sent step {held.step} with another sha256 than its manifest's")
+        return bytes(data)
