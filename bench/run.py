@@ -36,6 +36,8 @@
    second against the same run without it, alternating: samples/s and the agent's CPU.
 16. Recovery by world size (bench/recovery_scale.py, on this host): recovery.py's kill at 2, 4 and 8 ranks, in-process
    and restart.
+17. Peer copies (bench/peer_copies.py, on this host): a checkpoint's save without and with --peer-copies, and its load
+   from the disk and from a peer's memory.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ def main() -> int:
     subprocess.run([sys.executable, str(HERE / "stragglers.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "metrics.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "recovery_scale.py")], check=True)  # records its own section
+    subprocess.run([sys.executable, str(HERE / "peer_copies.py")], check=True)  # records its own section
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()

@@ -148,26 +148,30 @@ def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactl
 
 # 30 steps an epoch at world 3 on ResNet-18: time for the spare to start and wait before a node is lost.
 SPARE_ARGS = f"{SMALL_IMAGENET} --arch resnet18 --synthetic-samples 1440 --epochs 2"
+NODE_LOCAL = "/tmp/checkpoints"  # in the container: gone with its node (compose's volume is the shared output)
 
 
 def test_a_spare_takes_a_lost_nodes_place_and_the_job_ends_as_if_never_interrupted(job_factory):
     """trainer3 starts once the three train at --nnodes 2:3's maximum: torch puts it on the rendezvous' redundancy
-    list, and its agent says it waits as a spare (no restart of the others). trainer1 (or whichever does not hold rank
-    0) is killed; the survivors and the spare meet at world 3 without waiting out the last call, resume from the last
-    checkpoint, and end with the final weights of the same job run without a loss (world unchanged: bit-identical),
-    every sample exactly once by the ledger."""
+    list, and its agent says it waits as a spare (no restart of the others). Each node checkpoints to a directory of its
+    own inside its container (node-local: only rank 0's node writes), with --peer-copies. The node that holds rank 0 is
+    killed, its checkpoints with it; the survivors and the spare meet at world 3 without waiting out the last call,
+    resume from the last checkpoint, fetched from a survivor's memory (their own directories have none), and end with
+    the final weights of the same job run without a loss on a shared directory (world unchanged: bit-identical), every
+    sample exactly once by the ledger."""
     reference = job_factory("spare-ref", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=SPARE_ARGS)
     reference.up(*TRAINERS)
     assert reference.wait(*TRAINERS) == dict.fromkeys(TRAINERS, 0), reference.tails()
     uninterrupted = reference.metrics(*TRAINERS)
     assert [s.world for s in reference.segments()] == [3], reference.tails()
 
-    job = job_factory("spare", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=SPARE_ARGS, TRAINPOD_SPARES="1")
+    job = job_factory("spare", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=f"{SPARE_ARGS} --checkpoint-dir {NODE_LOCAL}",
+                      TRAINPOD_SPARES="1", TRAINPOD_PEER_COPIES="1")
     job.up(*TRAINERS)
     holder, at = job.wait_for(world_line(3))
     job.up("trainer3")  # profile scale-up: named, it starts
     job.wait_for(r"trainpod: this node waits as a spare: the job has --nnodes' maximum of 3 node\(s\)")
-    victim = next(t for t in TRAINERS if t != holder)
+    victim = holder  # its node-local directory holds every checkpoint: lost with it
     wait_step(job.follow[holder], 10, after=at)  # past a checkpoint (every 4 steps) with the spare waiting
     killed_at = job.kill(victim)
     _, formed = job.wait_for(world_line(3), after=killed_at)
@@ -179,6 +183,10 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_job_ends_as_if_never_interrupt
     for survivor in (t for t in TRAINERS if t != victim):
         assert ("1 node(s) took the place of one that left: the job has 3 node(s), as before: a membership change"
                 in job.text(survivor)), job.tails()
+    for node in nodes:  # each restored the newest checkpoint from a survivor's memory, not from its empty directory
+        resumed = re.findall(r"resuming from step (\d+), the copy in the memory of node \d .*; (\S+) has no checkpoint$",
+                             job.text(node), re.M)
+        assert resumed and resumed[-1][1] == NODE_LOCAL and int(resumed[-1][0]) >= 8, job.tails()
     metrics = job.metrics(*nodes)
     assert (metrics["world_size"], metrics["nnodes"]) == (3, 3), metrics
     assert [s.world for s in job.segments()] == [3, 3], job.tails()

@@ -58,5 +58,5 @@ def test_nodes_that_would_run_different_checks_end_with_78_naming_the_flags_befo
         assert len(errors) == 1, output
         assert ("the nodes run different node checks: checks '--netcheck on --devcheck off' on node 0 "
                 in errors[0] and "'--netcheck off --devcheck off' on node 1 " in errors[0]), errors[0]
-        assert "give every node the same --netcheck, --min-bandwidth and --devcheck" in errors[0], errors[0]
+        assert "give every node the same --netcheck, --min-bandwidth, --devcheck and --peer-copies" in errors[0], errors[0]
         assert "trainpod: network: " not in output, output

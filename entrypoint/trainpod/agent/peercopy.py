@@ -11,15 +11,16 @@ restarts them.
 
 Each agent serves HTTP on the job's interface (a port the kernel picks), publishes that address in every round's
 store (exchange()) and gives the ranks everyone's, by group rank, in PEER_COPIES_FILE (share()). It keeps one copy, the newest:
-accepted only for this job's run id, only whole (its size and sha256 those of its manifest) and only if its step is
-not older than the one held. The copy is bytes, never unpickled here; the rank that fetches it checks its sha256
-again and loads it as it loads a file (weights only, unless the job trusts its checkpoints).
+accepted only for this job's run id, only whole (the size its manifest gives) and only if its step is not older
+than the one held. The copy is bytes, never unpickled or hashed here (an agent's CPU is its ranks'): the rank that
+fetches it checks its sha256 against the manifest and loads it as it loads a file (weights only, unless the job
+trusts its checkpoints).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import re
 import socket
 import threading
 import urllib.parse
@@ -55,7 +56,7 @@ class _Server(ThreadingHTTPServer):
         self.job = job
         self.lock = threading.Lock()
         self.manifest: dict | None = None
-        self.data: bytes = b""
+        self.data = bytearray()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -95,20 +96,21 @@ class _Handler(BaseHTTPRequestHandler):
         if size != expected:
             self.close_connection = True
             return self._answer(400, f"the manifest says {expected} bytes, the request {size}\n".encode())
-        data, hashing = bytearray(), hashlib.sha256()
-        while len(data) < size:
-            block = self.rfile.read(min(_READ_BLOCK, size - len(data)))
-            if not block:
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            self.close_connection = True
+            return self._answer(400, b"expected a sha256 in the manifest\n")
+        data = bytearray(size)
+        view, got = memoryview(data), 0
+        while got < size:
+            n = self.rfile.readinto(view[got : got + _READ_BLOCK])
+            if not n:
                 return None  # the sender went away: nothing kept
-            data += block
-            hashing.update(block)
-        if hashing.hexdigest() != digest:
-            return self._answer(400, b"the bytes do not match the manifest's sha256\n")
+            got += n
         with self.server.lock:
             held = self.server.manifest
             if held is not None and int(held["step"]) > step:
                 return self._answer(409, f"this node holds the newer step {held['step']}\n".encode())
-            self.server.manifest, self.server.data = manifest, bytes(data)
+            self.server.manifest, self.server.data = manifest, data
         return self._answer(204)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name

@@ -43,11 +43,13 @@ def test_a_copy_sent_is_held_and_fetched_whole(server, tmp_path):
 
 
 def test_only_this_jobs_whole_and_newest_copy_is_kept(server, tmp_path):
+    # Whole by its size: its bytes are checked against the manifest's sha256 by the rank that fetches it
+    # (test_a_copy_that_does_not_match_its_manifest_is_refused_where_it_is_fetched), not by the agent.
     put(server, tmp_path, 8, b"eight")
     with pytest.raises(PeerError, match="409: this node holds copies for the job 'job-1' only"):
         put(server, tmp_path, 12, b"another job's", job="job-2")
-    with pytest.raises(PeerError, match="400: the bytes do not match the manifest's sha256"):
-        put(server, tmp_path, 12, b"twelve", manifest=manifest_of(12, b"TWELVE"))
+    with pytest.raises(PeerError, match="400: the manifest says 6 bytes, the request 7"):
+        put(server, tmp_path, 12, b"twelve!", manifest=manifest_of(12, b"TWELVE"))
     with pytest.raises(PeerError, match="409: this node holds the newer step 8"):
         put(server, tmp_path, 4, b"four")
     assert server.held()["step"] == 8
@@ -122,3 +124,10 @@ def test_every_node_learns_every_nodes_server_from_the_rounds_store():
     for thread in threads:
         thread.join(20)
     assert found == dict.fromkeys(range(3), ["10.0.0.0:4000", "10.0.0.1:4001", "10.0.0.2:4002"])
+
+
+def test_a_copy_that_does_not_match_its_manifest_is_refused_where_it_is_fetched(server, tmp_path):
+    put(server, tmp_path, 12, b"twelve", manifest=manifest_of(12, b"TWELVE"))
+    peers = Peers([server.address], me=0, job="job-1")
+    with pytest.raises(PeerError, match="sent step 12 with another sha256 than its manifest's"):
+        peers.fetch(peers.newest())

@@ -775,7 +775,7 @@ class Checkpointer:
             ) from exc
 
 
-def _named_bytes(data: bytes, held: Held) -> io.BytesIO:
+def _named_bytes(data: bytes | bytearray, held: Held) -> io.BytesIO:
     """A peer's copy as a file object whose name the load's messages show."""
     buffer = io.BytesIO(data)
     buffer.name = f"the copy of {files.data_name(held.step)} in the memory of node {held.node} ({held.address})"
