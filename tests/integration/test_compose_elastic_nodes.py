@@ -26,6 +26,7 @@ import pytest
 from fixtures.compose_elastic import (
     ELASTIC,
     ELASTIC_ARGS,
+    LAST_CALL,
     SMALL_IMAGENET,
     STEP,
     TRAINERS,
@@ -149,6 +150,12 @@ def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactl
 # 30 steps an epoch at world 3 on ResNet-18: time for the spare to start and wait before a node is lost.
 SPARE_ARGS = f"{SMALL_IMAGENET} --arch resnet18 --synthetic-samples 1440 --epochs 2"
 NODE_LOCAL = "/tmp/checkpoints"  # in the container: gone with its node (compose's volume is the shared output)
+# A live trainer dropped as dead: 3 missed heartbeats (the elastic default, 3 s) went by on CI's two cores as the spare's
+# container started beside two other modules' clusters (its agent starved, or its heartbeat's compare-and-set lost to
+# four writers each second); the spare found room and joined as a new node, the dropped trainer became the spare,
+# and the timeline had a takeover more than the one this test makes. Ten missed heartbeats: this test is about the
+# takeover, not about how soon a loss is seen (bench/elastic.py measures that).
+SLACK = "keep_alive_max_attempt=10"
 
 
 def test_a_spare_takes_a_lost_nodes_place_and_the_job_ends_as_if_never_interrupted(job_factory):
@@ -166,7 +173,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_job_ends_as_if_never_interrupt
     assert [s.world for s in reference.segments()] == [3], reference.tails()
 
     job = job_factory("spare", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=f"{SPARE_ARGS} --checkpoint-dir {NODE_LOCAL}",
-                      TRAINPOD_SPARES="1", TRAINPOD_PEER_COPIES="1")
+                      TRAINPOD_SPARES="1", TRAINPOD_PEER_COPIES="1", TRAINPOD_RDZV_CONF=f"{LAST_CALL},{SLACK}")
     job.up(*TRAINERS)
     holder, at = job.wait_for(world_line(3))
     job.up("trainer3")  # profile scale-up: named, it starts
@@ -192,7 +199,8 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_job_ends_as_if_never_interrupt
     assert [s.world for s in job.segments()] == [3, 3], job.tails()
     assert set(metrics["rank_checksums"]) == set(uninterrupted["rank_checksums"]), (metrics, uninterrupted)
     check_exactly_once(metrics, [1, 2], [3, 3])
-    # torch completes a round at --nnodes' maximum as the last node joins: no last call (45 s here) is waited out
+    # the lost trainer dropped after 10 missed heartbeats; then torch completes a round at --nnodes' maximum as the
+    # last node joins: no last call (45 s here) is waited out
     assert formed - killed_at < 40, f"world 3 formed {formed - killed_at:.1f} s after the kill:\n{job.tails()}"
     logs = job.stamped_logs()
     events = timeline.spares(logs)

@@ -1,5 +1,6 @@
 """--peer-copies on this host, with a real etcd and real torchrun (tests/fixtures/elastic_host.py): a lost node's
-disk goes with it, and the job goes on from the copy in a survivor's memory, not from the beginning.
+disk goes with it, and the job goes on from the copy in a survivor's memory, not from the beginning; a node that
+joins takes its first step from a peer's memory, not from the shared disk.
 
 Each node has a checkpoint directory of its own (a node-local disk), so only the node of rank 0, which writes the
 checkpoints, has them on disk. Nodes a and b train cifar10-ddp at --nnodes 1:2 over etcd-v3 with --peer-copies, a
@@ -17,7 +18,7 @@ import shutil
 
 import pytest
 
-from fixtures.elastic_host import STEPS, Node, clean_env, scale_down, trainpod_argv
+from fixtures.elastic_host import STEPS, Node, clean_env, scale_down, scale_up, trainpod_argv
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -75,3 +76,22 @@ def test_a_lost_nodes_checkpoints_come_back_from_a_survivors_memory_and_the_job_
     assert metrics["checksum"] == uninterrupted_checksum(etcd.endpoint, tmp_path / "reference"), metrics
     print(f"\nresumed from step {min(resumed.values())} in a survivor's memory, {result['recovery_s']:.1f} s from the kill to "
           "the first step at world 2; the final weights are the uninterrupted run's")
+
+
+def test_a_node_that_joins_takes_its_first_step_from_a_peers_memory_not_from_the_shared_disk(etcd, tmp_path):
+    """One directory for both nodes (shared): a trains at world 1; b starts and joins. At world 2 a's rank resumes from
+    the directory, b's from the copy in a's agent's memory, of the same step: its node is new to the job."""
+    def argv():
+        return trainpod_argv("etcd-v3", etcd.endpoint, tmp_path, "--peer-copies") + ["--epochs", str(EPOCHS)]
+
+    result = scale_up(argv, job_env(), tmp_path, TIMEOUT_S)
+    first, joiner = result["nodes"]
+    assert result["joined_s"] is not None, "\n---\n".join(node.text()[-3000:] for node in result["nodes"])
+    joined = joiner.find(r"the copy in the memory of node")
+    assert joined, joiner.text()[-3000:]
+    step = re.search(r"resuming from step (\d+), the copy in the memory of node \d \([\d.:]+\): [\d.]+ MB in [\d.]+ s; "
+                     r"(\S+) has step (\d+) too \(a node new to the job reads memory\)$", joined[1])
+    assert step and step[2] == str(tmp_path / "ckpt") and step[1] == step[3], joined[1]
+    assert first.find(rf"resuming from step {step[1]} \({tmp_path / 'ckpt'}/ckpt-0*{step[1]}\.pt\)$", after=joined[0] - 30), \
+        first.text()[-3000:]
+    print(f"\nthe joiner's first step at world 2 {result['joined_s']:.1f} s after its start, from step {step[1]} in memory")

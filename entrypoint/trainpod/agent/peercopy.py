@@ -157,6 +157,8 @@ def exchange(store, group_rank: int, world: int, address: str) -> list[str]:
     return [store.get(f"{KEY_PREFIX}{rank}").decode() for rank in range(world)]
 
 
-def share(progress_dir: str, addresses: Sequence[str]) -> None:
-    """Tell this round's ranks every node's copy server (PEER_COPIES_FILE in the progress directory), before they start."""
-    write_bytes_atomic(Path(progress_dir) / PEER_COPIES_FILE, json.dumps(list(addresses)).encode())
+def share(progress_dir: str, addresses: Sequence[str], new: bool = False) -> None:
+    """Tell this round's ranks every node's copy server (PEER_COPIES_FILE in the progress directory), before they start,
+    and whether their node is new to the job (trainpod.train.checkpoint.peers: it restores from memory first)."""
+    text = json.dumps({"addresses": list(addresses), "new_node": bool(new)})
+    write_bytes_atomic(Path(progress_dir) / PEER_COPIES_FILE, text.encode())

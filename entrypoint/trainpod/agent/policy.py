@@ -296,6 +296,7 @@ class AgentPolicy:
         if self.run_store is not None and self.nnodes > 1:
             self.committed = SharedCommitted(self.run_store, lambda: restarts.reported(self._progress_dir)[0]).start()
         self.copies = self._copy_server(spec.rdzv_handler) if run.peer_copies else None  # --peer-copies
+        self._rounds_met = 0  # rounds this agent completed: its first one past the job's first makes it a new node
 
     def _copy_server(self, handler) -> peercopy.CopyServer | None:
         """--peer-copies: the server that keeps another node's newest checkpoint in this agent's memory, on the job's
@@ -309,7 +310,10 @@ class AgentPolicy:
         return peercopy.CopyServer(address, handler.get_run_id())
 
     def _share_copies(self, worker_group) -> None:
-        """Every node's copy server, by group rank, for this round's ranks (peercopy.share: a file they read)."""
+        """Every node's copy server, by group rank, for this round's ranks (peercopy.share: a file they read), and
+        whether this node is new to the job (its first round is not the job's first: a joiner, a spare, a node
+        started again), whose ranks then take a copy from memory even where their directory has the same step."""
+        self._rounds_met += 1
         if self.copies is None:
             return
         world, addresses = worker_group.group_world_size or 1, [self.copies.address]
@@ -320,7 +324,8 @@ class AgentPolicy:
                 self._say(f"warning: --peer-copies: the other nodes' copy servers were not found ({type(error).__name__}: "
                           f"{str(error)[:200]}): this round's ranks restore from their checkpoint directory only")
                 addresses = []
-        peercopy.share(self._progress_dir, addresses)
+        new = self._rounds_met == 1 and (node_order.round_of(worker_group.spec.rdzv_handler) or 0) > 0
+        peercopy.share(self._progress_dir, addresses, new)
 
     def _close_only_at_the_end(self, handler) -> None:
         """torch's launcher closes the rendezvous whenever its agent ends but by a signal: also when this node's

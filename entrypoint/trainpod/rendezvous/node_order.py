@@ -119,6 +119,13 @@ def spares_waiting(handler) -> int:
         return len(getattr(holder.state, "redundancy_list", ()))
 
 
+def round_of(handler) -> int | None:
+    """The round `handler`'s rendezvous is in (0: the job's first), as this node last read it; None where the
+    rendezvous has no rounds of torch's dynamic kind (torch's etcd backend)."""
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    return getattr(state, "round", None)
+
+
 def completed_world(state, node) -> tuple[int, int] | None:
     """(rank, world size) of `node` in the round `state` is in, as that round completed; None without a record."""
     completed = getattr(state, ROUND_ATTR, None)

@@ -102,6 +102,9 @@ def test_the_ranks_read_the_servers_their_agent_wrote_for_the_round_and_their_no
     peers = Peers.from_env(env)
     assert (peers.addresses, peers.me, peers.job, peers.successor()) == (["10.0.0.1:4000", "[fd00::2]:4001"], 1,
                                                                          "alice~job", "10.0.0.1:4000")
+    assert not peers.new_node
+    peercopy.share(str(tmp_path), ["10.0.0.1:4000"], new=True)  # a joiner's, a spare's round
+    assert Peers.from_env(env).new_node
     assert Peers.from_env({}) is None  # outside trainpod run
     assert Peers.from_env({"TRAINPOD_PROGRESS_DIR": str(tmp_path / "none")}) is None  # no --peer-copies
     (tmp_path / "peer-copies.json").write_text("{not json")
@@ -131,3 +134,20 @@ def test_a_copy_that_does_not_match_its_manifest_is_refused_where_it_is_fetched(
     peers = Peers([server.address], me=0, job="job-1")
     with pytest.raises(PeerError, match="sent step 12 with another sha256 than its manifest's"):
         peers.fetch(peers.newest())
+
+
+def test_a_peer_that_takes_the_connection_and_never_answers_costs_its_timeout_not_a_hang(tmp_path, monkeypatch):
+    import socket
+
+    from trainpod.train.checkpoint import peers as peers_module
+
+    monkeypatch.setattr(peers_module, "ASK_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(peers_module, "TRANSFER_TIMEOUT_S", 0.3)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody reads or answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        peers = Peers([address], me=0, job="job-1")
+        assert peers.newest() is None
+        path = tmp_path / "ckpt-00000004.pt"
+        path.write_bytes(b"four")
+        with pytest.raises(PeerError, match=rf"^{address}: "):
+            peers.send(manifest_of(4, b"four"), path)

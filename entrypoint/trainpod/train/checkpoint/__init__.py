@@ -104,12 +104,14 @@ Checkpointer as a context manager. A kill loses at most the saves still in fligh
 Peer copies. Under `trainpod run --peer-copies` (trainpod.agent.peercopy) every node's agent keeps the
 newest checkpoint a rank sent it in memory: before each commit the writer sends the file to its own
 node's agent and to the next node's (by group rank, a ring), in the writer thread, so that losing either
-node leaves a copy and no node's memory is behind a disk. Before
-load_latest() reads the directory it asks every node which copy it holds; one newer than the directory's
-newest manifest is fetched, its size and sha256 checked against the manifest that came with it, and loaded
-as a file is (the weights-only unpickler, unless trusted), with one line naming the node: a node whose
-disk lost the checkpoint (a node-local directory, a replacement, a spare) goes on from the job's newest
-checkpoint instead of an older one or none. The copy is not written to the directory; the next save is.
+node leaves a copy and no node's memory is behind a disk. Before load_latest() reads the directory it asks
+every node which copy it holds; one newer than the directory's newest manifest, or as new on a node new to
+the job (a joiner, a spare: its first round is not the job's first), is fetched, its size and sha256 checked
+against the manifest that came with it, and loaded as a file is (the weights-only unpickler, unless
+trusted), with one line naming the node. A node whose disk lost the checkpoint (a node-local directory,
+a replacement, a spare) goes on from the job's newest checkpoint instead of an older one or none, and a
+new node takes its first step without reading the shared disk. The copy is not written to the directory;
+the next save is.
 Anything else (no peer answers, a copy that does not verify) leaves the directory to decide, with one line.
 One copy per job: a script with two Checkpointers gives peer copies to one of them only (peers=False).
 
@@ -725,8 +727,10 @@ class Checkpointer:
         if self._peers is None:
             return None
         held = self._peers.newest()
-        if held is None or (newest_on_disk is not None and held.step <= newest_on_disk):
+        if held is None or (newest_on_disk is not None and held.step < newest_on_disk):
             return None
+        if newest_on_disk == held.step and not self._peers.new_node:
+            return None  # as new on disk: a node of the job reads its directory; a new node takes the copy in memory
         started = time.monotonic()
         try:
             data = self._peers.fetch(held)
@@ -735,7 +739,8 @@ class Checkpointer:
                       f"loading from {self.directory}")
             return None
         state = self._unpickle(_named_bytes(data, held))
-        on_disk = f"step {newest_on_disk}" if newest_on_disk is not None else "no checkpoint"
+        on_disk = (f"step {newest_on_disk}" + (" too (a node new to the job reads memory)" if newest_on_disk == held.step else "")
+                   if newest_on_disk is not None else "no checkpoint")
         self._log(f"resuming from step {held.step}, the copy in the memory of node {held.node} ({held.address}): "
                   f"{len(data) / 1e6:.1f} MB in {time.monotonic() - started:.2f} s; {self.directory} has {on_disk}")
         progress.committed(held.step)

@@ -6,17 +6,20 @@ GROUP_RANK is this node's). Before each commit it sends the checkpoint
 to its own node's agent and to the next node's (send()), in its writer thread: losing either node leaves a copy,
 and no node's memory is behind a disk, so every rank that takes the newer of its disk and the peers' copies
 takes the same step. Before it loads from its disk it asks every node which copy it holds (newest()), and
-fetches one newer than its disk's newest (fetch()), its size and sha256 checked against the manifest that came
-with it. A peer that does not answer, or a copy that does not verify, is one line and the disk decides, as
+fetches one newer than its disk's newest (fetch()), or as new where its node is new to the job (a joiner, a spare:
+its first step without reading the checkpoint from the shared disk), its size and sha256 checked against the
+manifest that came with it. A peer that does not answer, or a copy that does not verify, is one line and the disk decides, as
 without peer copies: a copy is a faster or a surviving way to the same checkpoint, never another one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +34,9 @@ from trainpod.contract import (
     PROGRESS_DIR_VAR,
 )
 
-ASK_TIMEOUT_S = 5.0  # a peer's answer to "what do you hold": a node gone does not answer at all
-TRANSFER_TIMEOUT_S = 300.0  # a socket that stays silent this long in a transfer: the peer is gone
+CONNECT_TIMEOUT_S = 5.0  # a node gone (its host off, a partition) does not answer at all: the commit waits no longer
+ASK_TIMEOUT_S = 5.0  # a peer's answer to "what do you hold"
+TRANSFER_TIMEOUT_S = 60.0  # a socket silent this long in a transfer: the peer is gone
 _BLOCK = 4 << 20
 
 
@@ -61,10 +65,11 @@ def _split(address: str) -> tuple[str, int]:
 class Peers:
     """Every node's copy server in this round (by group rank), this node's place among them, the job's run id."""
 
-    def __init__(self, addresses: list[str], me: int, job: str):
+    def __init__(self, addresses: list[str], me: int, job: str, new_node: bool = False):
         self.addresses = list(addresses)
         self.me = me
         self.job = job
+        self.new_node = new_node  # this node is new to the job: a copy in memory is taken over its disk's same step
 
     @staticmethod
     def from_env(environ=os.environ) -> Peers | None:
@@ -74,13 +79,14 @@ class Peers:
             return None
         try:
             with open(os.path.join(directory, PEER_COPIES_FILE), "rb") as f:
-                addresses = [str(a) for a in json.loads(f.read())]
+                shared = json.loads(f.read())
+            addresses, new_node = [str(a) for a in shared["addresses"]], shared.get("new_node") is True
             me = int(environ.get("GROUP_RANK", "0"))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, KeyError):
             return None  # not the agent's: no peer copies rather than a rank that cannot start
-        return Peers(addresses, me, environ.get("TORCHELASTIC_RUN_ID", ""))
+        return Peers(addresses, me, environ.get("TORCHELASTIC_RUN_ID", ""), new_node)
 
     def successor(self) -> str | None:
         """The next node of the ring; None alone."""
@@ -94,9 +100,18 @@ class Peers:
         own = [self.addresses[self.me]] if 0 <= self.me < len(self.addresses) else []
         return own + [a for a in [self.successor()] if a is not None and a not in own]
 
-    def _connection(self, address: str, timeout: float) -> http.client.HTTPConnection:
+    @contextlib.contextmanager
+    def _talk(self, address: str, timeout: float) -> Iterator[http.client.HTTPConnection]:
+        """A connection to `address`, made within CONNECT_TIMEOUT_S, then `timeout` for each read and write; closed after
+        (OSError where it fails)."""
         host, port = _split(address)
-        return http.client.HTTPConnection(host, port, timeout=timeout, blocksize=_BLOCK)  # a body: 4 MiB at a time, not 8 KiB
+        connection = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S, blocksize=_BLOCK)  # not 8 KiB a write
+        try:
+            connection.connect()
+            connection.sock.settimeout(timeout)
+            yield connection
+        finally:
+            connection.close()
 
     def send(self, manifest: dict, path: Path) -> list[str]:
         """PUT the checkpoint at `path` (described by `manifest`) to every target (targets()); their addresses.
@@ -117,32 +132,27 @@ class Peers:
         return targets
 
     def _put(self, address: str, manifest: dict, path: Path) -> None:
-        connection = self._connection(address, TRANSFER_TIMEOUT_S)
         try:
-            with open(path, "rb") as f:
+            with self._talk(address, TRANSFER_TIMEOUT_S) as connection, open(path, "rb") as f:
                 connection.request("PUT", PEER_COPY_PATH, body=f, headers={
                     "Content-Length": str(os.fstat(f.fileno()).st_size), PEER_JOB_HEADER: self.job,
                     PEER_COPY_MANIFEST_HEADER: json.dumps(manifest, separators=(",", ":"))})
-            response = connection.getresponse()
-            said = response.read().decode(errors="replace").strip()
+                response = connection.getresponse()
+                said = response.read().decode(errors="replace").strip()
         except OSError as error:
             raise PeerError(f"{address}: {error.strerror or error}") from None
-        finally:
-            connection.close()
         if response.status != 204:
             raise PeerError(f"{address} answered {response.status}: {said[:200]}")
 
     def _ask(self, node: int) -> Held | None:
         address = self.addresses[node]
-        connection = self._connection(address, ASK_TIMEOUT_S)
         try:
-            connection.request("GET", PEER_MANIFEST_PATH, headers={PEER_JOB_HEADER: self.job})
-            response = connection.getresponse()
-            body = response.read()
+            with self._talk(address, ASK_TIMEOUT_S) as connection:
+                connection.request("GET", PEER_MANIFEST_PATH, headers={PEER_JOB_HEADER: self.job})
+                response = connection.getresponse()
+                body = response.read()
         except OSError:
             return None  # a node gone: the others may hold it
-        finally:
-            connection.close()
         if response.status != 200:
             return None
         try:
@@ -161,23 +171,21 @@ class Peers:
 
     def fetch(self, held: Held) -> bytearray:
         """The bytes of `held`, checked against its manifest (size and sha256); PeerError otherwise."""
-        connection = self._connection(held.address, TRANSFER_TIMEOUT_S)
+        size = int(held.manifest["size"])
         try:
-            connection.request("GET", f"{PEER_DATA_PATH}?step={held.step}", headers={PEER_JOB_HEADER: self.job})
-            response = connection.getresponse()
-            if response.status != 200:
-                raise PeerError(f"{held.address} answered {response.status}: "
-                                f"{response.read().decode(errors='replace').strip()[:200]}")
-            size = int(held.manifest["size"])
-            data = bytearray(size)
-            view, got = memoryview(data), 0
-            while got < size and (n := response.readinto(view[got : got + _BLOCK])):
-                got += n
-            extra = response.read(1)
+            with self._talk(held.address, TRANSFER_TIMEOUT_S) as connection:
+                connection.request("GET", f"{PEER_DATA_PATH}?step={held.step}", headers={PEER_JOB_HEADER: self.job})
+                response = connection.getresponse()
+                if response.status != 200:
+                    raise PeerError(f"{held.address} answered {response.status}: "
+                                    f"{response.read().decode(errors='replace').strip()[:200]}")
+                data = bytearray(size)
+                view, got = memoryview(data), 0
+                while got < size and (n := response.readinto(view[got : got + _BLOCK])):
+                    got += n
+                extra = response.read(1)
         except OSError as error:
             raise PeerError(f"{held.address}: {error.strerror or error}") from None
-        finally:
-            connection.close()
         if got != size or extra:
             sent = f"{got} bytes" if got != size else f"more than {size} bytes"
             raise PeerError(f"{held.address} sent {sent} of step {held.step}, its manifest says {size}")

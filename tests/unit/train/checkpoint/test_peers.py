@@ -72,6 +72,22 @@ def test_the_directory_decides_where_it_is_as_new_and_where_the_copy_does_not_ar
         f"no checkpoint in {tmp_path / 'empty'}: starting fresh"]
 
 
+def test_a_node_new_to_the_job_takes_the_copy_in_memory_where_its_directory_is_as_new(nodes, tmp_path):
+    writer = checkpointer(tmp_path / "shared", nodes, 0, [])
+    writer.save(8, {"step": 8})
+    writer.close()
+    lines = []
+    joiner = Checkpointer(tmp_path / "shared", log=lines.append, peers=Peers([n.address for n in nodes], 1, JOB, new_node=True))
+    assert joiner.load_latest()[0] == 8
+    assert lines[0].endswith(f"{tmp_path / 'shared'} has step 8 too (a node new to the job reads memory)"), lines
+    writer = checkpointer(tmp_path / "shared", nodes, 0, [])
+    writer.save(12, {"step": 12})
+    writer.close()
+    nodes[0]._server.manifest = nodes[1]._server.manifest = None  # no copy held (the nodes restarted): the disk decides
+    lines.clear()
+    assert joiner.load_latest()[0] == 12 and lines == [f"resuming from step 12 ({tmp_path / 'shared' / 'ckpt-00000012.pt'})"]
+
+
 def test_a_node_alone_keeps_its_own_copy_and_a_send_that_fails_is_said_once_until_one_arrives(nodes, tmp_path):
     lines = []
     alone = Checkpointer(tmp_path / "alone", keep=2, log=lines.append, peers=Peers([nodes[0].address], 0, JOB))
