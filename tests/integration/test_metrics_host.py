@@ -21,6 +21,10 @@ from trainpod import records
 
 pytestmark = pytest.mark.slow
 
+# Each step at least PACE_MS: step 10's commit to the kill at step 20 outlasts the agent's 1 s between two looks, so one
+# of them sees the commit's figures. Unpaced, an idle machine ran those ten steps in a fifth of a second, no look saw
+# them, and the scrape after the recovery had no checkpoint figures (the resumed attempt had committed none yet).
+PACE_MS = 150
 JOB = ["--example", "cifar10-ddp", "--", "--epochs", "1", "--synthetic-samples", "8192", "--batch-size", "16",
        "--max-steps", "160", "--checkpoint-every", "10", "--workers", "0"]
 
@@ -41,11 +45,11 @@ def test_a_jobs_steps_samples_restart_and_recovery_are_served_while_it_runs(tmp_
         process = subprocess.Popen([*trainpod_run("--nproc-per-node", "2", "--metrics-port", str(port), "--max-restarts", "2"),
                                     *JOB[:3], "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
                                     *JOB[3:]], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=host_env(OMP_NUM_THREADS="1", TRAINPOD_FAILPOINTS="checkpoint-write@20"))
+                                   env=host_env(OMP_NUM_THREADS="1", TRAINPOD_FAILPOINTS=f"checkpoint-write@20,pace@{PACE_MS}"))
     training = recovered = None
     deadline = time.monotonic() + 300
-    # Until both are seen: a group training (either attempt: the first one's 20 steps may all fall between two of
-    # the agent's 1 s looks on an idle machine, and a rank's steps count from its second look on), and the recovery.
+    # Until both are seen: a group training (either attempt; a rank's steps count from its second look on), and the
+    # recovery.
     while process.poll() is None and time.monotonic() < deadline and (training is None or recovered is None):
         found = scrape(port)
         # While a group trains: between the kill and the restart the world is 0.

@@ -58,6 +58,11 @@ class _Server(ThreadingHTTPServer):
         self.manifest: dict | None = None
         self.data = bytearray()
 
+    def handle_error(self, request, client_address) -> None:
+        """A request that broke off (a sender gone, a peer's garbage) is the requester's to report: no traceback in the
+        job's log."""
+        return
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
@@ -93,13 +98,17 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._same_job():
             self.close_connection = True
             return None
-        if size != expected:
+        if size != expected or size < 0:
             self.close_connection = True
             return self._answer(400, f"the manifest says {expected} bytes, the request {size}\n".encode())
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             self.close_connection = True
             return self._answer(400, b"expected a sha256 in the manifest\n")
-        data = bytearray(size)
+        try:
+            data = bytearray(size)
+        except MemoryError:
+            self.close_connection = True
+            return self._answer(413, f"no memory for {size} bytes on this node\n".encode())
         view, got = memoryview(data), 0
         while got < size:
             n = self.rfile.readinto(view[got : got + _READ_BLOCK])

@@ -2,14 +2,14 @@
 
 The Checkpointer of a rank started under `trainpod run --peer-copies` finds every node's copy server in
 PEER_COPIES_FILE, which its agent writes in the progress directory each round (by group rank: torch's
-GROUP_RANK is this node's). Before each commit it sends the checkpoint
-to its own node's agent and to the next node's (send()), in its writer thread: losing either node leaves a copy,
-and no node's memory is behind a disk, so every rank that takes the newer of its disk and the peers' copies
-takes the same step. Before it loads from its disk it asks every node which copy it holds (newest()), and
-fetches one newer than its disk's newest (fetch()), or as new where its node is new to the job (a joiner, a spare:
-its first step without reading the checkpoint from the shared disk), its size and sha256 checked against the
-manifest that came with it. A peer that does not answer, or a copy that does not verify, is one line and the disk decides, as
-without peer copies: a copy is a faster or a surviving way to the same checkpoint, never another one.
+GROUP_RANK is this node's). Before each commit it sends the checkpoint to its own node's agent and to the
+next node's (send()), in its writer thread: losing either node leaves a copy, and no node's memory is behind
+a disk, so every rank that takes the newer of its disk and the peers' copies takes the same step. Before it
+loads from its disk it asks every node which copy it holds (newest()) and fetches one newer than its disk's
+newest, or as new where its node is new to the job (a joiner, a spare: its first step without reading the
+shared disk) (fetch()), its size and sha256 checked against the manifest that came with it. A peer that does
+not answer, or a copy that does not verify, is one line and the disk decides, as without peer copies: a copy
+is a faster or a surviving way to the same checkpoint, never another one.
 """
 
 from __future__ import annotations
