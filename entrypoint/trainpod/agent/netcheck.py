@@ -459,8 +459,10 @@ def check(round_store, rank: int, world: int, interface: str, min_gbit_s: float 
         if rank == 0:
             from torch.distributed import TCPStore
 
+            from trainpod.topology import join_host_port
+
             server = TCPStore(address, 0, is_master=True, timeout=timedelta(seconds=CHILD_TIMEOUT_S), wait_for_workers=False)
-            round_store.set(f"{KEY_PREFIX}store", f"[{address}]:{server.port}" if ":" in address else f"{address}:{server.port}")
+            round_store.set(f"{KEY_PREFIX}store", join_host_port(address, server.port))
         try:
             round_store.wait([f"{KEY_PREFIX}store"], timedelta(seconds=WAIT_S))
             where = round_store.get(f"{KEY_PREFIX}store").decode()

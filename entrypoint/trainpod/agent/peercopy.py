@@ -37,13 +37,10 @@ from trainpod.contract import (
     PEER_JOB_HEADER,
     PEER_MANIFEST_PATH,
 )
+from trainpod.topology import join_host_port
 
 KEY_PREFIX = "trainpod/peer-copy/"  # in the round's store: each node's copy server, by group rank
 _READ_BLOCK = 4 << 20
-
-
-def host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Server(ThreadingHTTPServer):
@@ -145,7 +142,7 @@ class CopyServer:
 
     def __init__(self, address: str, job: str):
         self._server = _Server(address, job)
-        self.address = host_port(address, self._server.server_address[1])
+        self.address = join_host_port(address, self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="trainpod-peer-copies", daemon=True)
         self._thread.start()
 

@@ -296,7 +296,6 @@ class AgentPolicy:
         if self.run_store is not None and self.nnodes > 1:
             self.committed = SharedCommitted(self.run_store, lambda: restarts.reported(self._progress_dir)[0]).start()
         self.copies = self._copy_server(spec.rdzv_handler) if run.peer_copies else None  # --peer-copies
-        self._rounds_met = 0  # rounds this agent completed: its first one past the job's first makes it a new node
 
     def _copy_server(self, handler) -> peercopy.CopyServer | None:
         """--peer-copies: the server that keeps another node's newest checkpoint in this agent's memory, on the job's
@@ -309,11 +308,11 @@ class AgentPolicy:
             return None
         return peercopy.CopyServer(address, handler.get_run_id())
 
-    def _share_copies(self, worker_group) -> None:
+    def _share_copies(self, worker_group, first: bool) -> None:
         """Every node's copy server, by group rank, for this round's ranks (peercopy.share: a file they read), and
-        whether this node is new to the job (its first round is not the job's first: a joiner, a spare, a node
-        started again), whose ranks then take a copy from memory even where their directory has the same step."""
-        self._rounds_met += 1
+        whether this node is new to the job (`first`: this agent's first round, and not the job's first: a joiner, a
+        spare, a node started again), whose ranks then take a copy from memory even where their directory has the
+        same step."""
         if self.copies is None:
             return
         world, addresses = worker_group.group_world_size or 1, [self.copies.address]
@@ -324,7 +323,7 @@ class AgentPolicy:
                 self._say(f"warning: --peer-copies: the other nodes' copy servers were not found ({type(error).__name__}: "
                           f"{str(error)[:200]}): this round's ranks restore from their checkpoint directory only")
                 addresses = []
-        new = self._rounds_met == 1 and (node_order.round_of(worker_group.spec.rdzv_handler) or 0) > 0
+        new = first and (node_order.round_of(worker_group.spec.rdzv_handler) or 0) > 0
         peercopy.share(self._progress_dir, addresses, new)
 
     def _close_only_at_the_end(self, handler) -> None:
@@ -500,7 +499,7 @@ class AgentPolicy:
         while not (self._check_network(worker_group) and self._check_devices(worker_group)):  # a node left: meet again
             super()._rendezvous(worker_group)
             self._check_consistency(worker_group)
-        self._share_copies(worker_group)
+        self._share_copies(worker_group, first=before is None)
         self._members = node_order.members(worker_group.spec.rdzv_handler)
         self._spare = False  # in a round: a spare no more
         if (figures := metrics.recorder()) is not None:

@@ -391,7 +391,7 @@ class Checkpointer:
         self._prepared = False
         self._closed = False
         self._peers = Peers.from_env() if peers is True else peers or None
-        self._copy_failing = False  # the last copy to the next node failed: said once, until one arrives again
+        self._copy_failing = False  # the last copies to the nodes' memory failed: said once, until they arrive again
         failpoints.armed()  # a malformed TRAINPOD_FAILPOINTS fails here, not in the writer thread
 
     def __repr__(self) -> str:
@@ -722,8 +722,8 @@ class Checkpointer:
         self._copy_failing = False
 
     def _load_from_peer(self, newest_on_disk: int | None) -> tuple[int, Any] | None:
-        """(step, state) of a copy in a peer's memory newer than anything on this disk; None where there is none, or
-        it does not arrive whole (said in one line: the disk decides)."""
+        """(step, state) of a copy in a peer's memory newer than anything on this disk (or as new, on a node new to the
+        job); None where there is none, or it does not arrive whole (said in one line: the disk decides)."""
         if self._peers is None:
             return None
         held = self._peers.newest()
