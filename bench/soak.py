@@ -9,7 +9,8 @@ line on either node. Then the next fault, until the job nears its end.
 
 The job: compose/pai-2node with tests/integration/compose/pai-2node-faults.yaml (2 containers x 2 ranks,
 cifar10-ddp on synthetic data, a step line per step, a checkpoint every 4 steps), each step at least STEP_S long
-(TRAINPOD_FAILPOINTS=pace@200: a sleep), --epochs scaled to --minutes at that pace (a loaded machine takes longer).
+(TRAINPOD_FAILPOINTS=pace@400: a sleep), --epochs scaled to --minutes at that pace (a loaded machine takes longer;
+the reference run is not paced).
 The first fault of every run is a checkpoint write killed
 (TRAINPOD_FAILPOINTS=checkpoint-write@12: rank 0 dies between the bytes and the rename; another every
 FAILPOINT_EVERY_MIN minutes of steps), then in turn (CYCLE): SIGKILL of a rank on node0, SIGKILL of a rank on node1,
@@ -80,8 +81,10 @@ STEPS_PER_EPOCH = SAMPLES // (4 * 32)
 CHECKPOINT_EVERY = 4  # pai-2node-faults.yaml
 # Every step of the job lasts at least STEP_S (the failpoint pace@MS): --minutes -> epochs, and the schedule's steps
 # (a fault, then SETTLE_S of clean steps before the next) hold on an idle fast machine as on a loaded one. Unpaced, the
-# short form's 640 steps ran 15 a second on an idle host, too fast for its second fault (seen once in four runs).
-STEP_S = 0.2
+# short form's 640 steps ran 15 a second on an idle host, too fast for its second fault (seen once in four runs). At
+# 0.4 s a step the schedule, counted in seconds, takes half the steps of 0.2 s: half the training's CPU for the same
+# timers (the short form runs in `make test`, whose time is the CPU its jobs take).
+STEP_S = 0.4
 FIRST_FAULT_STEP = 2 * CHECKPOINT_EVERY
 FAILPOINT_EVERY_MIN = 10  # after the first fault, a checkpoint write killed every this many minutes of job
 RECOVERY_TIMEOUT_S = 300  # no step this long after a fault: a failed recovery
@@ -270,11 +273,11 @@ class Result:
 # --- the job ---
 
 
-def job_env(steps: int, subnet: str | None, recovery: str, failpoints: list[int]) -> dict[str, str]:
+def job_env(steps: int, subnet: str | None, recovery: str, failpoints: list[int], paced: bool = True) -> dict[str, str]:
     """The job's variables; without `subnet` the job takes a free one (fixtures.subnets)."""
     return {**({"TRAINPOD_SUBNET_PREFIX": subnet} if subnet else {}), "TRAINPOD_SYNTHETIC_SAMPLES": str(SAMPLES),
             "TRAINPOD_EPOCHS": str(steps // STEPS_PER_EPOCH), "TRAINPOD_RECOVERY": recovery,
-            "TRAINPOD_FAILPOINTS": ",".join([f"pace@{round(STEP_S * 1000)}",
+            "TRAINPOD_FAILPOINTS": ",".join([*([f"pace@{round(STEP_S * 1000)}"] if paced else []),
                                              *(f"{CHECKPOINT_WRITE}@{step}" for step in failpoints)])}
 
 
@@ -328,9 +331,10 @@ def finish(job: ComposeJob, out: Path, result: Result, timeout: float) -> None:
 
 
 def reference_run(steps: int, subnet: str | None, out: Path) -> str:
-    """The uninterrupted run's checksum (same steps, no faults)."""
+    """The uninterrupted run's checksum (same steps, no faults). Unpaced: a pace changes when a step runs, not what it
+    computes, and the reference has no schedule to keep."""
     result = Result("reference", steps)
-    job = new_job(out, "on", job_env(steps, subnet, "restart", []))
+    job = new_job(out, "on", job_env(steps, subnet, "restart", [], paced=False))
     started = time.monotonic()
     job.up()
     finish(job, out, result, timeout=steps * STEP_S * 4 + 600)

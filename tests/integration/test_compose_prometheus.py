@@ -22,8 +22,13 @@ PORT = "9400"
 
 @pytest.fixture
 def job(docker_ready, tmp_path):
+    # 48 steps of at least 0.25 s (the failpoint pace): the job outlasts the scrapes the test waits for, the kill and
+    # the scrapes after its recovery (Prometheus scrapes every second). Unpaced, an idle machine ran the 48 steps in 3 s:
+    # the kill landed after rank 2's last collective, node0's ranks had finished, and node1's restarts had no one to
+    # meet (its agent gave up with 69, node0's waited at torch's exit barrier).
     job = ComposeJob(COMPOSE, env={"COMPOSE_PROFILES": "prometheus", "TRAINPOD_METRICS_PORT": PORT,
-                                   "TRAINPOD_SYNTHETIC_SAMPLES": "6144", "TRAINPOD_EPOCHS": "1"}, overrides=(FAULTS,))
+                                   "TRAINPOD_SYNTHETIC_SAMPLES": "6144", "TRAINPOD_EPOCHS": "1",
+                                   "TRAINPOD_FAILPOINTS": "pace@250"}, overrides=(FAULTS,))
     job.compose("build", "prometheus", timeout=900)
     yield job
     for service in (*NODES, "prometheus"):

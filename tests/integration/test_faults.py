@@ -17,10 +17,11 @@ import time
 import pytest
 
 from fixtures.docker_env import REPO, WARM_RANKS, ComposeJob, find_rank, run
+from fixtures.once import once
 
-# One worker runs the module (make test: pytest-xdist, --dist loadgroup): the uninterrupted runs are module fixtures
-# (computed once), and the jobs run one after another.
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("faults")]
+# The tests spread over the workers (make test: pytest-xdist): about 8 minutes of them, one after another, were the
+# longest chain of the suite. The uninterrupted run is computed once for all of them (fixtures.once).
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
 FAULTS = REPO / "tests" / "integration" / "compose" / "pai-2node-faults.yaml"
@@ -58,17 +59,15 @@ def uninterrupted(samples: int = 2048) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(docker_ready):
-    return uninterrupted()
+def reference(docker_ready, tmp_path_factory):
+    return once(tmp_path_factory, "faults-reference", uninterrupted)
 
 
-LONGER = 6144  # samples: 96 steps. A test that looks the ranks up between kills needs the room: on a
-# loaded machine `compose logs -f` lagged 8 steps behind, and the 32-step job ended before the last kill.
-
-
-@pytest.fixture(scope="module")
-def longer_reference(docker_ready):
-    return uninterrupted(LONGER)
+# A test that looks the ranks up between kills needs the room: on a loaded machine `compose logs -f` lagged 8 steps behind,
+# and the 32-step job ended before the last kill. Its steps are at least PACE_MS long (the failpoint pace): 11 s from the
+# first kill's resume to the end, on a fast machine as on a loaded one. A pace changes when a step runs, not what it
+# computes: the reference is the same (a 96-step job and its own reference run had made that room with training).
+PACE_MS = 400
 
 
 @pytest.fixture
@@ -261,12 +260,12 @@ def test_sigkill_of_random_ranks_at_three_steps_one_mid_checkpoint_write(job, re
     assert leftovers.strip() == "[]"
 
 
-def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_others(job, longer_reference):
+def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_others(job, reference):
     """--recovery in-process (issue 15): rank 2 (node1), then rank 0 (node0, whose keeper's child hosts the workers'
     store). The survivors' processes are the same after each kill (their pids), and the weights are exact. The first
     kill comes at step 6, past a checkpoint: at step 4 it can land before step 4's save, and the group then starts
     over from no checkpoint (rightly), with no resume for the test to wait for."""
-    job.env.update(TRAINPOD_RECOVERY="in-process", TRAINPOD_SYNTHETIC_SAMPLES=str(LONGER))
+    job.env.update(TRAINPOD_RECOVERY="in-process", TRAINPOD_FAILPOINTS=f"pace@{PACE_MS}")
     job.up()
     recoveries, pids = kill_ranks(job, ((6, 2), (8, 0)), pids_each_time=True)
     for rank, before, after in pids:
@@ -281,7 +280,7 @@ def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_
     log = job.logs("node0") + job.logs("node1")
     assert "restarting the worker group" not in log, log[-4000:]
     assert log.count("the group re-formed in-process") == 6, log[-4000:]  # 3 survivors, twice
-    assert metrics["checksum"] == longer_reference and metrics["in_process_generation"] == 2
+    assert metrics["checksum"] == reference and metrics["in_process_generation"] == 2
 
 
 @BOTH_RECOVERIES

@@ -6,7 +6,7 @@
 - Every node the same software (trainpod.agent.consistency): node1 runs a train.py one line different from node0's,
   or a trainpod with one comment more (bind-mounted over the image's package): both nodes end with 78 and one line
   naming the field and both values, before any rank starts.
-(The elastic cases, where a named node leaves and the others go on, are in test_compose_elastic.)"""
+(The elastic cases, where a named node leaves and the others go on, are in test_compose_elastic_nodes.)"""
 
 import re
 import shutil

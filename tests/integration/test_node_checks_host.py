@@ -1,7 +1,7 @@
 """The nodes' checks after the rendezvous on this host, as `trainpod run` runs them: two nodes of a fixed-size c10d job
 (`--nnodes 2`, one process each) with --netcheck on and --devcheck on. Node 0 says the network's figures in one line
 (over loopback: the chosen interface) and that no GPU was checked (a CPU host); node 1 says neither; the job trains.
-The checks' verdicts are the modules' unit tests; a named node is test_node_checks_compose and test_compose_elastic.
+The checks' verdicts are the modules' unit tests; a named node is test_node_checks_compose and test_compose_elastic_nodes.
 Nodes that would run different checks end with 78 and one line naming the flags, before either checks anything."""
 
 from __future__ import annotations

@@ -40,11 +40,11 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trainpod
+from trainpod.agent import round_gather
 from trainpod.agent.warm import is_python, python_command
 
 if TYPE_CHECKING:
@@ -345,7 +345,5 @@ def remedy(line: str) -> str:
 
 def exchange(store, rank: int, world: int, mine: Fingerprint, wait_s: float = WAIT_S) -> dict[int, Fingerprint]:
     """Publish this node's fingerprint in the round's store and read every node's (torch's Store API)."""
-    store.set(f"{KEY_PREFIX}{rank}", mine.to_json())
-    keys = [f"{KEY_PREFIX}{other}" for other in range(world)]
-    store.wait(keys, timedelta(seconds=wait_s))
-    return {other: Fingerprint.from_json(store.get(f"{KEY_PREFIX}{other}")) for other in range(world)}
+    found = round_gather.all_gather(store, KEY_PREFIX, rank, world, mine.to_json(), wait_s)
+    return {other: Fingerprint.from_json(text) for other, text in found.items()}

@@ -57,10 +57,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from datetime import timedelta
 from pathlib import Path
 
 import trainpod
+from trainpod.agent import round_gather
 
 SLOW_FRACTION = 0.5  # far below, not noise: a GPU's figures vary by a few percent between runs, a throttled or broken one by 2x or more
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})  # NVIDIA's Xid catalog: the application's (or its end's) doing
@@ -578,10 +578,8 @@ def summary(by_node: Mapping[int, NodeDevices]) -> str:
 
 def exchange(store, rank: int, world: int, mine: NodeDevices, wait_s: float = WAIT_S) -> dict[int, NodeDevices]:
     """Publish this node's result in the round's store and read every node's (torch's Store API)."""
-    store.set(f"{KEY_PREFIX}{rank}", mine.to_json())
-    keys = [f"{KEY_PREFIX}{other}" for other in range(world)]
-    store.wait(keys, timedelta(seconds=wait_s))
-    return {other: NodeDevices.from_json(store.get(f"{KEY_PREFIX}{other}")) for other in range(world)}
+    found = round_gather.all_gather(store, KEY_PREFIX, rank, world, mine.to_json(), wait_s)
+    return {other: NodeDevices.from_json(text) for other, text in found.items()}
 
 
 if __name__ == "__main__":

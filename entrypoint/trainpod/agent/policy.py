@@ -93,7 +93,7 @@ import time
 from pathlib import Path
 
 from trainpod import log
-from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, peercopy, survivors, warm
+from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, peercopy, round_gather, survivors, warm
 from trainpod.agent.committed import SharedCommitted
 from trainpod.agent.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.contract import INPROCESS_MAX_VAR, PROGRESS_DIR, PROGRESS_DIR_VAR, SUPERVISOR_DIR_VAR
@@ -551,7 +551,7 @@ class AgentPolicy:
         mine = self._fingerprint.result()  # once per agent: its software does not change between rounds
         if run.consistency == "off":
             with contextlib.suppress(Exception):  # for nodes that compare; a store gone fails the round its own way
-                worker_group.store.set(f"{consistency.KEY_PREFIX}{worker_group.group_rank}", mine.to_json())
+                round_gather.publish(worker_group.store, consistency.KEY_PREFIX, worker_group.group_rank, mine.to_json())
             return
         try:
             prints = consistency.exchange(worker_group.store, worker_group.group_rank, worker_group.group_world_size, mine)

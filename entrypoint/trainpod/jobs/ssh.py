@@ -16,6 +16,7 @@ Printed, it is the command each host runs. With --submit trainpod:
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -129,13 +130,11 @@ class SSHJob(Scheduler):
     # --- --submit -------------------------------------------------------------------------------
 
     def submit(self) -> int:
-        try:
-            import asyncssh  # noqa: F401
-        except ImportError:
-            raise ConfigError("trainpod job ssh --submit needs asyncssh: pip install 'trainpod[ssh]'") from None
+        if importlib.util.find_spec("asyncssh") is None:
+            raise ConfigError("trainpod job ssh --submit needs asyncssh: pip install 'trainpod[ssh]'")
         import asyncio
 
-        from trainpod.jobs.ssh_keys import client_options
+        from trainpod.jobs.ssh_keys import client_options  # asyncssh's first import: its warnings filtered there
         from trainpod.jobs.ssh_launch import Launch  # asyncio's and asyncssh's world: only for --submit
 
         keys = client_options(self.options, self.env)  # a bad key or known_hosts file: 64/78 before any host is tried

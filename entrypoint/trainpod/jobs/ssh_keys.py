@@ -6,10 +6,15 @@ a caller would retry) nor a traceback from inside the connection.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import asyncssh
+with warnings.catch_warnings():
+    # asyncssh names cryptography's DSA types at import, which cryptography deprecates (a UserWarning of its own, once
+    # per name): ten lines on stderr before the launcher's own, though no DSA key is read unless the user passes one.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"asyncssh\.")
+    import asyncssh
 
 from trainpod.errors import error_for
 from trainpod.jobs.values import printable, read_bytes, read_text

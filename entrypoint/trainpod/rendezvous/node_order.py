@@ -33,23 +33,23 @@ the others waited for it in this one until the store's timeout (seen in CI: a ro
 waited 60 s for rank 1's worker count). Here a node that joined the round in this process, and has not left
 it since (next_rendezvous' exit), finishes its join as one of the round's world.
 
-A round after the first closes as soon as every live node it expects has joined (closes_now()), not when its last
-call ends. torch's last call (last_call_timeout: how long a round waits for more nodes once the minimum joined) is
-for the first round, whose nodes start apart; in every later round each node that is still alive is already at
-the rendezvous, or about to be: the last round's members that outlived it (their ranks failed with the lost one's,
-or a joiner stopped them), a node on the wait list (a joiner) and a spare beyond --nnodes' maximum (torch's
-redundancy list). A node is alive while its heartbeat is: torch drops one whose heartbeat is older than
-keep_alive_interval x keep_alive_max_attempt from the state as it reads it, and a dead node's drop is what
-ends its round (its last participant gone). So the survivors of a lost node met once that node was dropped, then
-waited out the whole last call for nobody (3 s by an elastic trainpod job's default, 45 s in the compose tests,
-torch's 30 s); here they meet as soon as the last of them joins, and one that is slow to stop its ranks, its
-heartbeat alive, is still waited for, up to the last call. (torch forgets the heartbeat of a node that leaves a
-round; one that leaves to join the next, next_rendezvous' first step, keeps it here: between its exit and its join
-it would look dead. A node that leaves the rendezvous for good says so first: leave(). torch also forgets the
-heartbeat of a spare that comes off the redundancy list once its round lost a node, and only the spare's next step
-puts it on the wait list: in between it was in no list, and the survivors' round closed without it, then restarted
-for it (seen in CI, a round of two before the round of three). Here it goes to the wait list in the same step, its
-heartbeat alive.)
+A round after the first closes as soon as every live node it expects has joined (closes_now()), not when its last call
+ends. torch's last call (last_call_timeout: how long a round waits for more nodes once the minimum joined) is for the
+first round, whose nodes start apart; in every later round each node that is still alive is already at the rendezvous,
+or about to be: the last round's members that outlived it (their ranks failed with the lost one's, or a joiner stopped
+them), a node on the wait list (a joiner) and a spare beyond --nnodes' maximum (torch's redundancy list). A node is
+alive while its heartbeat is: torch drops one whose heartbeat is older than keep_alive_interval x
+keep_alive_max_attempt from the state as it reads it, and a dead node's drop is what ends its round (its last
+participant gone). So the survivors of a lost node met once that node was dropped, then waited out the whole last call
+for nobody (3 s by an elastic trainpod job's default, 45 s in the compose tests, torch's 30 s); here they meet as soon
+as the last of them joins, and one that is slow to stop its ranks, its heartbeat alive, is still waited for, up to the
+last call. A round that none of the last round's members outlived (every agent started anew: the job restarted whole,
+or etcd back after an outage) is a first round again. (torch forgets the heartbeat of a node that leaves a round; one
+that leaves to join the next, next_rendezvous' first step, keeps it here: between its exit and its join it would look
+dead. A node that leaves the rendezvous for good says so first: leave(). torch also forgets the heartbeat of a spare
+that comes off the redundancy list once its round lost a node, and only the spare's next step puts it on the wait
+list: in between it was in no list, and the survivors' round closed without it, then restarted for it (seen in CI, a
+round of two before the round of three). Here it goes to the wait list in the same step, its heartbeat alive.)
 
 torch's private API used (checked by trainpod.agent.agent.torch_internals_missing()): _DistributedRendezvousOpExecutor's
 _add_to_participants(), _remove_from_participants() and _mark_rendezvous_complete(), its `_node` and `_state`, the
@@ -136,11 +136,16 @@ def completed_world(state, node) -> tuple[int, int] | None:
 
 def expected(state) -> set | None:
     """The nodes a round after the first waits for (the module docstring): the last completed round's members, the
-    wait list and the redundancy list, those whose heartbeat is alive in `state`; None in a first round (no record)."""
+    wait list and the redundancy list, those whose heartbeat is alive in `state`; None in a first round (no record),
+    and in a round that none of the last round's members outlived: every node's agent was started anew (the whole job
+    restarted, or etcd back after an outage that ended every node's attempt), and such nodes start apart as in a
+    first round. (Seen under load: etcd's quorum back, the first two of three restarted agents closed a round of two
+    at once, the third joined a moment later, and the job restarted for it.)"""
     completed = getattr(state, ROUND_ATTR, None)
-    if completed is None:
+    alive = set(state.last_heartbeats)
+    if completed is None or not set(completed[1]) & alive:
         return None
-    return (set(completed[1]) | set(state.wait_list) | set(getattr(state, "redundancy_list", ()))) & set(state.last_heartbeats)
+    return (set(completed[1]) | set(state.wait_list) | set(getattr(state, "redundancy_list", ()))) & alive
 
 
 def closes_now(state, node, min_nodes: int) -> bool:

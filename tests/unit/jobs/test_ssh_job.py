@@ -84,3 +84,14 @@ def test_errors(flags, error, text):
 def test_hosts_from_the_variable_are_configuration_errors():
     with pytest.raises(ConfigError, match="TRAINPOD_JOB_HOSTS='h1,,h2'"):
         jobs.build("ssh", "cifar10-ddp", {}, {"TRAINPOD_JOB_HOSTS": "h1,,h2"})
+
+
+def test_submits_first_import_of_asyncssh_prints_nothing():
+    """--submit's errors are one line: asyncssh's import warns of cryptography's DSA deprecation ten lines long
+    (cryptography 51), filtered where trainpod imports it first."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", "import trainpod.jobs.ssh_keys, trainpod.jobs.ssh_launch"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr

@@ -269,6 +269,21 @@ def test_expected_is_the_last_rounds_members_and_both_lists_with_a_live_heartbea
     assert not node_order.closes_now(state, "a", 2)
 
 
+def test_a_round_that_none_of_the_last_rounds_members_outlived_waits_its_last_call_as_a_first_round():
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    state = _RendezvousState()
+    setattr(state, node_order.ROUND_ATTR, (0, {"a": 0, "b": 1, "c": 2}))
+    # every agent started anew (etcd back after an outage): new descriptors, the old ones dropped
+    state.last_heartbeats = dict.fromkeys(("a2", "b2"), datetime.now(timezone.utc))
+    state.participants = dict.fromkeys(("a2", "b2"), 0)
+    assert node_order.expected(state) is None
+    assert not node_order.closes_now(state, "a2", 2)  # c2 may be a moment behind: the last call waits for it
+    state.last_heartbeats["a"] = datetime.now(timezone.utc)  # one member outlived the round: its survivors' rule
+    state.participants["a"] = 0
+    assert node_order.closes_now(state, "a", 2)
+
+
 def test_a_spare_that_comes_off_the_redundancy_list_is_on_the_wait_list_at_once_and_waited_for():
     # torch takes it off the list and forgets its heartbeat; only its next step put it on the wait list, and a round
     # that closed in between did not wait for it (seen in CI: a round of two, then one of three for the spare).
