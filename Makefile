@@ -290,7 +290,8 @@ docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 # --dist loadgroup). Measured on 2 cores (tests/README.md): 3 unit workers beat 2 (which leave the cores idle while
 # tests wait on timers and processes) and 4 (more overhead). 3 integration workers: 2 leave the cores idle while
 # tests wait, and 4 on a slower machine ran 6 times as many processes as cores (load 12-14) and a 3-node compose job
-# there took longer to start than its rendezvous' and checks' bounds. PYTEST_ARGS: more of pytest's flags, for both
+# there took longer to start than its rendezvous' and checks' bounds; on this one 4 were no faster than 3 (the cores
+# were already busy: docs/results.md, "The test suite"). PYTEST_ARGS: more of pytest's flags, for both
 # layers.
 UNIT_WORKERS ?= 3
 INTEGRATION_WORKERS ?= 3
