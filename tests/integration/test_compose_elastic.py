@@ -31,6 +31,7 @@ from fixtures.compose_elastic import (
     ELASTIC_ARGS,
     ELASTIC_LONGER_ARGS,
     LOSE,
+    SCALE_DOWN_PACE_MS,
     STEP,
     TIMEOUT_S,
     TRAINERS,
@@ -60,7 +61,7 @@ def job_factory(cluster, tmp_path):
 
 @pytest.mark.parametrize("lost", LOSE)
 def test_etcd_v3_losing_a_node_leaves_two_nodes_that_finish(job_factory, lost):
-    job = job_factory("down-v3", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_ARGS)
+    job = job_factory("down-v3", pace_ms=SCALE_DOWN_PACE_MS, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_ARGS)
     result = scale_down(job, lose=LOSE[lost])
     metrics = check_scaled_down(job, result)
     check_exactly_once(metrics, [1, 2], [3, 2])

@@ -27,6 +27,7 @@ from fixtures.compose_elastic import (
     ELASTIC,
     ELASTIC_ARGS,
     LAST_CALL,
+    SCALE_DOWN_PACE_MS,
     SMALL_IMAGENET,
     STEP,
     TRAINERS,
@@ -110,7 +111,7 @@ def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactl
     """...and stays out: started again on the same host (`docker start`, as an orchestrator's restart policy would),
     its agent finds the exclusion in the run's store before it joins, ends with the same code and one line, and the
     others' membership never changes for it (trainpod.rendezvous.exclusions)."""
-    job = job_factory("crashing", TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_ARGS)
+    job = job_factory("crashing", pace_ms=SCALE_DOWN_PACE_MS, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_ARGS)
     job.compose.overrides = (REPO / "tests" / "integration" / "compose" / "elastic-crashing-node.yaml",)
     job.up(*TRAINERS)
     assert job.wait("trainer2") == {"trainer2": 1}, job.tails()
@@ -147,11 +148,11 @@ def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactl
     print(f"\n{errors[0]}\n{refused[0]}\n{timeline.render(timeline.segments(logs), left)}")
 
 
-# One epoch of 30 ResNet-18 steps at world 3. The interrupted job's are at least SPARE_PACE_MS each (the failpoint pace):
+# One epoch of 30 steps at world 3 (SMALL_IMAGENET's ResNet-18). The interrupted job's are at least SPARE_PACE_MS each (the failpoint pace):
 # time for the spare to start and wait before a node is lost, and for the job after it, from steps of a known length,
 # not from more training (the suite's time is the CPU its jobs take: tests/README.md). The reference runs unpaced: a
 # pace changes when a step runs, not what it computes.
-SPARE_ARGS = f"{SMALL_IMAGENET} --arch resnet18 --synthetic-samples 1440 --epochs 1"
+SPARE_ARGS = f"{SMALL_IMAGENET} --synthetic-samples 1440 --epochs 1"
 SPARE_PACE_MS = 1000
 NODE_LOCAL = "/tmp/checkpoints"  # in the container: gone with its node (compose's volume is the shared output)
 # A live trainer dropped as dead: 3 missed heartbeats (the elastic default, 3 s) went by on CI's two cores as the spare's

@@ -43,8 +43,8 @@ def test_two_nodes_train_to_identical_weights(job):
 # The other multi-node examples on the same 2-node job, small: the variables are the examples' option twins.
 OTHER_EXAMPLES = {
     "cifar10-ddp-amp": {"TRAINPOD_SYNTHETIC_SAMPLES": "1024", "TRAINPOD_BATCH_SIZE": "32"},
-    "imagenet-ddp": {"TRAINPOD_ARCH": "resnet18", "TRAINPOD_IMAGE_SIZE": "32", "TRAINPOD_SYNTHETIC_SAMPLES": "256",
-                     "TRAINPOD_SYNTHETIC_CLASSES": "10",
+    "imagenet-ddp": {"TRAINPOD_ARCH": "resnet18", "TRAINPOD_RESNET_WIDTH": "8", "TRAINPOD_IMAGE_SIZE": "32",
+                     "TRAINPOD_SYNTHETIC_SAMPLES": "512", "TRAINPOD_SYNTHETIC_CLASSES": "10",
                      "TRAINPOD_BATCH_SIZE": "8", "TRAINPOD_WORKERS": "1"},
 }
 

@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
 SAMPLES, BATCH = 120, 8
-ARGS = ["--arch", "resnet18", "--image-size", "16", "--synthetic-samples", str(SAMPLES), "--synthetic-classes", "4", "--workers", "0",
-        "--epochs", "2", "--batch-size", str(BATCH), "--checkpoint-every", "3", "--log-every", "1"]
+ARGS = ["--arch", "resnet18", "--width", "8", "--image-size", "16", "--synthetic-samples", str(SAMPLES), "--synthetic-classes", "4",
+        "--workers", "0", "--epochs", "2", "--batch-size", str(BATCH), "--checkpoint-every", "3", "--log-every", "1"]
 
 
 def train(tmp_path: Path, nproc: int, *extra: str) -> tuple[str, dict]:

@@ -20,10 +20,10 @@ from trainpod.examples import EXAMPLES
 pytestmark = [pytest.mark.slow]
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[2] / "entrypoint")
-# ResNet-18: a step's cost is mostly its parameters (reduced, stepped, saved), a third of ResNet-50's, and a resume is
-# the same at any depth. 192 samples, 12 steps an epoch at 2 x 8, 24 in all; the kill follows the checkpoint of
-# step 8, mid-epoch (16 steps of room).
-SMALL_IMAGENET = ["--arch", "resnet18", "--image-size", "32", "--synthetic-samples", "192", "--synthetic-classes", "10",
+# ResNet-18 at width 8: a step's cost is mostly its parameters (reduced, stepped, saved), 1/130 of ResNet-50's, and a
+# resume is the same at any depth and width. 192 samples, 12 steps an epoch at 2 x 8, 24 in all; the kill follows the
+# checkpoint of step 8 or 12, mid-epoch.
+SMALL_IMAGENET = ["--arch", "resnet18", "--width", "8", "--image-size", "32", "--synthetic-samples", "192", "--synthetic-classes", "10",
                   "--workers", "1"]
 # example -> (its own arguments, processes per node)
 JOBS = {
@@ -34,11 +34,17 @@ JOBS = {
     "imagenet-elastic": ([*SMALL_IMAGENET, "--epochs", "2", "--batch-size", "8"], 2),
 }
 COMMON = ["--checkpoint-every", "4", "--log-every", "4"]
+# The interrupted run's steps are at least this long (the failpoint pace): from the checkpoint the test waits for to
+# the end, 12 steps or more, the seconds the test needs to find the ranks and kill one on a loaded machine, whatever
+# a step computes. A pace changes when a step runs, not what it computes: the reference runs unpaced.
+PACE = "pace@150"
 
 
-def start(example: str, out: Path, *extra: str) -> subprocess.Popen:
+def start(example: str, out: Path, *extra: str, failpoints: str = "") -> subprocess.Popen:
     args, nproc = JOBS[example]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_"))}
+    if failpoints:
+        env["TRAINPOD_FAILPOINTS"] = failpoints
     command = [sys.executable, "-m", "trainpod", "run", "--master-port", str(free_port()),
                "--max-restarts", "2", "--restart-backoff", "0.1", "--example", example, "--", *args, *COMMON, *extra,
                "--output-dir", str(out / "output"), "--checkpoint-dir", str(out / "ckpt")]
@@ -85,7 +91,7 @@ def test_sigkill_of_a_rank_resumes_bit_identical(example, tmp_path):
     rng = random.Random(4)  # seeded: which rank dies, and after which checkpoint
     after_step = rng.choice([8, 12])
     out = tmp_path / "b"
-    process = start(example, out)
+    process = start(example, out, failpoints=PACE)
     deadline = time.monotonic() + 300
     while not (out / "ckpt" / f"ckpt-{after_step:08d}.json").exists():
         assert process.poll() is None and time.monotonic() < deadline

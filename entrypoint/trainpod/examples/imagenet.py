@@ -5,12 +5,12 @@
 
 The model is ResNet-50 (trainpod.examples.resnet: torchvision's architecture and names, defined
 here since torchvision cannot sit beside CPU torch), or another depth with --arch (resnet18 trains
-the same job at about a third of the parameters: quick runs, tests). With --data-dir, an ImageFolder tree of
-JPEGs is decoded with Pillow in DataLoader workers with the usual training transforms (random
-resized crop, flip, normalisation), seeded per (seed, epoch, sample) so that a resumed run sees
-the same batches; without it, a learnable synthetic set of ImageNet-shaped samples held in
-memory. --image-size keeps CI small. The loop, checkpoints, SIGTERM stop and metrics are the
-shared harness's (trainpod.examples.harness).
+the same job at about a third of the parameters) and width with --width (8: 1/60 of them, for quick
+runs and tests). With --data-dir, an ImageFolder tree of JPEGs is decoded with Pillow in DataLoader
+workers with the usual training transforms (random resized crop, flip, normalisation), seeded
+per (seed, epoch, sample) so that a resumed run sees the same batches; without it, a learnable
+synthetic set of ImageNet-shaped samples held in memory. --image-size keeps CI small. The loop,
+checkpoints, SIGTERM stop and metrics are the shared harness's (trainpod.examples.harness).
 
 BatchNorm's running statistics are rank 0's: DDP broadcasts them before every forward, and the
 harness once more after training, so every rank ends with the same weights and checksum.
@@ -23,13 +23,15 @@ import sys
 from trainpod.examples import harness
 from trainpod.examples.harness import DATA_DIR_VAR, SYNTHETIC_SAMPLES_VAR
 from trainpod.examples.imagenet_data import ImageFolder, SyntheticImageNet
-from trainpod.examples.resnet import ARCHS
+from trainpod.examples.resnet import ARCHS, WIDTH
 from trainpod.settings import Choice, Integer, Setting
 
 SYNTHETIC_TEST_FRACTION = 4  # a held-out synthetic set a quarter of the training set's size
 
 OPTIONS = (
     Setting("arch", "the ResNet, by torchvision's name", Choice(tuple(ARCHS)), var="TRAINPOD_ARCH", default="resnet50"),
+    Setting("width", "channels of the ResNet's first stage, doubled at each later one (torchvision's: 64; smaller for quick "
+            "runs and tests: 8 has about 1/60 of the parameters)", Integer(1, 1024), var="TRAINPOD_RESNET_WIDTH", default=WIDTH),
     Setting("data_dir", "ImageFolder tree of JPEGs: train/ and val/ with one directory per class (or one split); "
             "else synthetic data", var=DATA_DIR_VAR, metavar="DIR"),
     Setting("image_size", "side of the training crops in pixels (224 for ImageNet; small for quick runs)", Integer(16, 1024),
@@ -61,7 +63,7 @@ RECIPE = harness.Recipe(
     data=load_data,
     # The last BatchNorm of each residual branch starts at zero: every block starts as the
     # identity, which keeps the first steps of a deep net stable (Goyal et al., 2017).
-    model=lambda args, data, path: ARCHS[args.arch](num_classes=data.num_classes, zero_init_residual=True),
+    model=lambda args, data, path: ARCHS[args.arch](num_classes=data.num_classes, zero_init_residual=True, width=args.width),
     options=OPTIONS,
     defaults={"batch_size": 32, "lr": 0.02, "epochs": 1},
     # Decoding JPEGs is the expensive part: one worker per CPU of this process, the process keeps one.

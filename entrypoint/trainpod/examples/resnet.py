@@ -3,6 +3,7 @@
     model = resnet50(num_classes=1000)                                  # BatchNorm, as torchvision
     model = resnet50(norm_layer=lambda c: nn.GroupNorm(32, c))          # any norm taking the channel count
     model = ARCHS["resnet18"](num_classes=10)                           # by torchvision's name (--arch)
+    model = resnet18(num_classes=10, width=8)                           # 1/8 of the channels (--width)
 
 The architecture is torchvision's ResNet-50 ("v1.5", He et al. 2015 with the stride of each
 stage's first block on its 3x3 convolution rather than its first 1x1): a 7x7/2 stem convolution,
@@ -13,6 +14,12 @@ and a linear classifier. 25,557,032 parameters for 1000 classes. ResNet-101 has 
 blocks. ResNet-18 and -34 are built alike from basic blocks (two 3x3 convolutions, output the
 width; 2, 2, 2, 2 and 3, 4, 6, 3 of them): 11,689,512 and 21,797,672 parameters. The smaller ones
 train the same job at a fraction of the cost, which is what quick runs and tests want.
+
+`width` is the first stage's width (torchvision's 64; the stem has as many channels, and each later stage
+doubles it). A narrower net has the same layers, names and code paths with about (width/64)^2 of the
+parameters: width 8 makes ResNet-18 about 180,000 parameters (4 classes), small enough that a CPU test's
+steps, gradient reductions and checkpoints cost little. Only width 64 is torchvision's (and loads its
+weights).
 
 The parameter and buffer names (conv1, bn1, layer1.0.conv1, ..., layer1.0.downsample.0, fc) and
 their order are torchvision's, so a state_dict loads into torchvision's resnet50() and back
@@ -35,7 +42,8 @@ __all__ = ["ARCHS", "BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet34"
 
 NormLayer = Callable[[int], nn.Module]  # channels -> a norm module over them
 
-STAGE_WIDTHS = (64, 128, 256, 512)
+STAGE_WIDTHS = (64, 128, 256, 512)  # at torchvision's width, 64: each stage doubles the first's
+WIDTH = STAGE_WIDTHS[0]
 RESNET50_BLOCKS = (3, 4, 6, 3)
 # Norm modules whose affine parameters start at weight 1, bias 0 (torchvision's list plus SyncBatchNorm,
 # which a DDP job may pass as norm_layer).
@@ -124,18 +132,22 @@ class ResNet(nn.Module):
         norm_layer: NormLayer = nn.BatchNorm2d,
         zero_init_residual: bool = False,
         block: Block = Bottleneck,
+        width: int = WIDTH,
     ) -> None:
         super().__init__()
         if len(blocks) != len(STAGE_WIDTHS):
             raise ValueError(f"ResNet: expected {len(STAGE_WIDTHS)} stages of blocks, got {list(blocks)}")
-        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
-        self.bn1 = norm_layer(64)
+        if width < 1:
+            raise ValueError(f"ResNet: expected a width of at least 1, got {width}")
+        self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = norm_layer(width)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        channels = 64
-        for number, (count, width) in enumerate(zip(blocks, STAGE_WIDTHS), start=1):
+        channels = width
+        stage_widths = (stage * width // WIDTH for stage in STAGE_WIDTHS)
+        for number, (count, stage_width) in enumerate(zip(blocks, stage_widths), start=1):
             stride = 1 if number == 1 else 2  # the stem already quartered the resolution before stage 1
-            stage, channels = _stage(block, channels, width, count, stride, norm_layer)
+            stage, channels = _stage(block, channels, stage_width, count, stride, norm_layer)
             setattr(self, f"layer{number}", stage)  # layer1..layer4: torchvision's names
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(channels, num_classes)
@@ -174,24 +186,29 @@ def _stage(block: Block, in_channels: int, width: int, count: int, stride: int,
     return nn.Sequential(*blocks), out_channels
 
 
-def resnet50(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
+def resnet50(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False,
+             width: int = WIDTH) -> ResNet:
     """ResNet-50 v1.5 with torchvision's names and initialisation; see the module docstring."""
-    return ResNet(RESNET50_BLOCKS, num_classes=num_classes, norm_layer=norm_layer, zero_init_residual=zero_init_residual)
+    return ResNet(RESNET50_BLOCKS, num_classes=num_classes, norm_layer=norm_layer, zero_init_residual=zero_init_residual,
+                  width=width)
 
 
-def resnet18(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
+def resnet18(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False,
+             width: int = WIDTH) -> ResNet:
     """ResNet-18: basic blocks, (2, 2, 2, 2)."""
-    return ResNet((2, 2, 2, 2), num_classes, norm_layer, zero_init_residual, BasicBlock)
+    return ResNet((2, 2, 2, 2), num_classes, norm_layer, zero_init_residual, BasicBlock, width)
 
 
-def resnet34(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
+def resnet34(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False,
+             width: int = WIDTH) -> ResNet:
     """ResNet-34: basic blocks, (3, 4, 6, 3)."""
-    return ResNet((3, 4, 6, 3), num_classes, norm_layer, zero_init_residual, BasicBlock)
+    return ResNet((3, 4, 6, 3), num_classes, norm_layer, zero_init_residual, BasicBlock, width)
 
 
-def resnet101(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False) -> ResNet:
+def resnet101(num_classes: int = 1000, norm_layer: NormLayer = nn.BatchNorm2d, zero_init_residual: bool = False,
+             width: int = WIDTH) -> ResNet:
     """ResNet-101 v1.5: bottlenecks, (3, 4, 23, 3)."""
-    return ResNet((3, 4, 23, 3), num_classes, norm_layer, zero_init_residual, Bottleneck)
+    return ResNet((3, 4, 23, 3), num_classes, norm_layer, zero_init_residual, Bottleneck, width)
 
 
 # torchvision's names: what --arch takes (trainpod.examples.imagenet)

@@ -166,3 +166,18 @@ def test_resnet18_is_basic_blocks_with_torchvisions_names():
     assert all(not block.bn2.weight.any() and block.bn1.weight.all() for stage in (model.layer1, model.layer4) for block in stage)
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_a_narrower_resnet_has_torchvisions_names_and_a_fraction_of_its_parameters(arch):
+    wide, narrow = ARCHS[arch](num_classes=4), ARCHS[arch](num_classes=4, width=8)
+    assert list(narrow.state_dict()) == list(wide.state_dict())  # the same layers, in the same order
+    assert narrow.conv1.out_channels == 8 and narrow.fc.in_features == wide.fc.in_features // 8
+    ratio = sum(p.numel() for p in narrow.parameters()) / sum(p.numel() for p in wide.parameters())
+    assert 1 / 80 < ratio < 1 / 50, ratio  # about (8/64)^2: every convolution's in and out channels are an eighth
+    assert narrow(torch.randn(2, 3, 32, 32)).shape == (2, 4)
+
+
+def test_a_width_below_one_is_refused():
+    with pytest.raises(ValueError, match="width of at least 1"):
+        resnet18(width=0)
