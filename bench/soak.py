@@ -64,7 +64,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from fixtures.docker_env import REPO, ComposeJob, find_rank, run  # noqa: E402
 
 COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
-FAULTS_OVERLAY = REPO / "tests" / "integration" / "compose" / "pai-2node-faults.yaml"  # batch 32, a checkpoint every 4 steps
+FAULTS_OVERLAY = REPO / "tests" / "integration" / "compose" / "pai-2node-faults.yaml"  # batch 8, a checkpoint every 4 steps
 NODES = ("node0", "node1")
 RANKS = {"node0": (0, 1), "node1": (2, 3)}  # the rendezvous orders the nodes by address: node0 has ranks 0 and 1
 
@@ -76,8 +76,9 @@ STOP_S = 4  # a SIGSTOP shorter than --hang-timeout: no verdict, no restart
 SETTLE_S = 2 * max(REJOIN_S, HANG_S, 10)
 GRACE_S = 1.0  # after a recovery's first step: lines of the recovery still on their way (another node's)
 
-SAMPLES = 4096  # synthetic samples: 32 steps an epoch (4 ranks x batch 32)
-STEPS_PER_EPOCH = SAMPLES // (4 * 32)
+BATCH = 8  # per rank: pai-2node-faults.yaml's
+SAMPLES = 1024  # synthetic samples: 32 steps an epoch (4 ranks x BATCH)
+STEPS_PER_EPOCH = SAMPLES // (4 * BATCH)
 CHECKPOINT_EVERY = 4  # pai-2node-faults.yaml
 # Every step of the job lasts at least STEP_S (the failpoint pace@MS): --minutes -> epochs, and the schedule's steps
 # (a fault, then SETTLE_S of clean steps before the next) hold on an idle fast machine as on a loaded one. Unpaced, the
@@ -281,9 +282,10 @@ def job_env(steps: int, subnet: str | None, recovery: str, failpoints: list[int]
                                              *(f"{CHECKPOINT_WRITE}@{step}" for step in failpoints)])}
 
 
-def new_job(out: Path, warm: str, env: dict[str, str]) -> ComposeJob:
-    """The compose job with the low timers: an overlay written to `out` (JSON is YAML)."""
-    settings = {"TRAINPOD_REJOIN_TIMEOUT": str(REJOIN_S), "TRAINPOD_HANG_TIMEOUT": str(HANG_S), "TRAINPOD_WARM_START": warm}
+def new_job(out: Path, warm: str, env: dict[str, str], settings: dict[str, str] | None = None) -> ComposeJob:
+    """The compose job with the low timers (and `settings`): an overlay written to `out` (JSON is YAML)."""
+    settings = {"TRAINPOD_REJOIN_TIMEOUT": str(REJOIN_S), "TRAINPOD_HANG_TIMEOUT": str(HANG_S), "TRAINPOD_WARM_START": warm,
+                **(settings or {})}
     out.mkdir(parents=True, exist_ok=True)
     overlay = out / "soak.compose.yaml"
     overlay.write_text(json.dumps({"services": {node: {"environment": settings} for node in NODES}}, indent=2))
@@ -491,11 +493,11 @@ class Driver:
 
 
 def soak_config(config: Config, minutes: float, reference: str, subnet: str | None, out: Path, cycle=CYCLE, max_faults=math.inf,
-                seed: int = 29) -> Result:
+                seed: int = 29, settings: dict[str, str] | None = None) -> Result:
     steps = plan_steps(minutes)
     failpoints = plan_failpoints(steps)
     result = Result(config.name, steps, reference=reference)
-    job = new_job(out, config.warm, job_env(steps, subnet, config.recovery, failpoints))
+    job = new_job(out, config.warm, job_env(steps, subnet, config.recovery, failpoints), settings)
     started = time.monotonic()
     job.up()
     logs = Logs(job)
@@ -511,14 +513,15 @@ def soak_config(config: Config, minutes: float, reference: str, subnet: str | No
 
 
 def soak(minutes: float, configs: list[Config], out: Path, reference: str | None = None, subnet: str | None = None,
-         cycle=CYCLE, max_faults=math.inf) -> list[Result]:
-    """The reference run (unless given), then each configuration; one line each."""
+         cycle=CYCLE, max_faults=math.inf, settings: dict[str, str] | None = None) -> list[Result]:
+    """The reference run (unless given), then each configuration (its nodes with `settings` too); one line each."""
     steps = plan_steps(minutes)
     if reference is None:
         reference = reference_run(steps, subnet, out / "reference")
     results = []
     for config in configs:
-        result = soak_config(config, minutes, reference, subnet, out / config.name.replace("/", "-"), cycle, max_faults)
+        result = soak_config(config, minutes, reference, subnet, out / config.name.replace("/", "-"), cycle, max_faults,
+                             settings=settings)
         print(result.line(), flush=True)
         results.append(result)
     return results

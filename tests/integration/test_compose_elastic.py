@@ -30,8 +30,10 @@ from fixtures.compose_elastic import (
     ELASTIC,
     ELASTIC_ARGS,
     ELASTIC_LONGER_ARGS,
+    EXAMPLE_PACE_MS,
     LOSE,
     SCALE_DOWN_PACE_MS,
+    SLACK,
     STEP,
     TIMEOUT_S,
     TRAINERS,
@@ -71,7 +73,7 @@ def test_etcd_v3_losing_a_node_leaves_two_nodes_that_finish(job_factory, lost):
 
 def test_c10d_losing_the_stores_host_ends_the_others_with_69_and_one_line(job_factory):
     rejoin = 10
-    job = job_factory("c10d", TRAINPOD_RDZV_BACKEND="c10d", TRAINPOD_RDZV_ENDPOINT="trainer0:29400",
+    job = job_factory("c10d", pace_ms=EXAMPLE_PACE_MS, TRAINPOD_RDZV_BACKEND="c10d", TRAINPOD_RDZV_ENDPOINT="trainer0:29400",
                       TRAINPOD_REJOIN_TIMEOUT=str(rejoin), TRAINPOD_MAX_RESTARTS="3")
     job.up(*TRAINERS)
     job.rank0_at_step(3, 4)
@@ -98,8 +100,13 @@ def test_a_fourth_node_joins_a_running_job(job_factory):
     # workers), the timeline was [3, 3, 4], a round at world 3 between, which is that round closing before the 4th's
     # agent (on the wait list, alive, starved of CPU) got to join (the logs were lost; a failure here now prints the
     # nodes' stories). 15 s: a starved agent's few polls, not a node's start (the 4th's agent is already waiting).
+    # With its logs kept, a later [3, 3, 4] showed the other cause: the round after the 4th's arrival closed at world 3
+    # 4 s after the three left their group, well within the last call. A round after the first closes early only with
+    # every node it expects (trainpod.rendezvous.node_order.expected: the last members and the wait list, those alive),
+    # so the waiting 4th was no longer alive in the round's state: its agent, starting beside other modules' clusters,
+    # had missed 3 heartbeats (the elastic default, 3 s). SLACK gives it ten.
     job = job_factory("up", pace_ms=750, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_LONGER_ARGS,
-                      TRAINPOD_NNODES="3:4", TRAINPOD_RDZV_CONF="last_call_timeout=15")
+                      TRAINPOD_NNODES="3:4", TRAINPOD_RDZV_CONF=f"last_call_timeout=15,{SLACK}")
     job.up(*TRAINERS)
     job.rank0_at_step(3, 4)
     joined_at = job.up("trainer3")  # profile scale-up: named, it starts

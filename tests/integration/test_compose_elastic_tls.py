@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 COMPOSE = REPO / "compose" / "elastic" / "compose.yaml"
 TLS = REPO / "compose" / "elastic" / "tls.yaml"
 ETCD = ("etcd0", "etcd1", "etcd2")
-ARGS = "--epochs 1 --synthetic-samples 1024 --log-every 1 --checkpoint-every 4"
+ARGS = "--epochs 1 --synthetic-samples 256 --batch-size 16 --log-every 1 --checkpoint-every 4"
 
 
 def test_trainers_meet_over_tls_with_client_certificates_and_plain_http_is_one_line_78(docker_ready):

@@ -27,7 +27,7 @@ def job(docker_ready, tmp_path):
     # the kill landed after rank 2's last collective, node0's ranks had finished, and node1's restarts had no one to
     # meet (its agent gave up with 69, node0's waited at torch's exit barrier).
     job = ComposeJob(COMPOSE, env={"COMPOSE_PROFILES": "prometheus", "TRAINPOD_METRICS_PORT": PORT,
-                                   "TRAINPOD_SYNTHETIC_SAMPLES": "6144", "TRAINPOD_EPOCHS": "1",
+                                   "TRAINPOD_SYNTHETIC_SAMPLES": "1536", "TRAINPOD_EPOCHS": "1",
                                    "TRAINPOD_FAILPOINTS": "pace@250"}, overrides=(FAULTS,))
     job.compose("build", "prometheus", timeout=900)
     yield job

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.compose_elastic import LOSE, check_scaled_down, etcd_cluster, job_factory_for, scale_down
+from fixtures.compose_elastic import EXAMPLE_PACE_MS, LOSE, check_scaled_down, etcd_cluster, job_factory_for, scale_down
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("compose_torch_etcd")]
 
@@ -28,7 +28,7 @@ def cluster_v2(docker_ready):
 @pytest.mark.parametrize("lost", LOSE)
 def test_torchs_etcd_backend_losing_a_node_leaves_two_that_finish(job_factory, lost):
     # torch's etcd backend takes one endpoint (a list is a ValueError in its handler): etcd0 alone.
-    job = job_factory("down-v2", TRAINPOD_RDZV_BACKEND="etcd", TRAINPOD_RDZV_ENDPOINT="etcd0:2379")
+    job = job_factory("down-v2", pace_ms=EXAMPLE_PACE_MS, TRAINPOD_RDZV_BACKEND="etcd", TRAINPOD_RDZV_ENDPOINT="etcd0:2379")
     result = scale_down(job, lose=LOSE[lost])
     check_scaled_down(job, result)
     assert "etcd rendezvous" in job.text(result["holder"])

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 COMPOSE = REPO / "compose" / "pai-2node" / "compose.yaml"
 FAULTS = REPO / "tests" / "integration" / "compose" / "pai-2node-faults.yaml"
 NODES = ("node0", "node1")
-STEPS = 32  # 2 epochs of 2048 samples, 4 ranks x 32; a checkpoint every 4 steps
+STEPS = 32  # 2 epochs of 512 samples, 4 ranks x 8 (pai-2node-faults.yaml); a checkpoint every 4 steps
 CHECKPOINTS = "/workspace/output/checkpoints"
 RESUMED = re.compile(r"resumed from the checkpoint of step (\d+)")
 STEP_LINE = re.compile(r"^\[node0 rank0\] epoch \d+/\d+ step (\d+)/", re.M)
@@ -46,14 +46,14 @@ def finish(job: ComposeJob, codes: dict[str, int] | None = None) -> dict:
     return job.metrics()
 
 
-def uninterrupted(samples: int = 2048) -> str:
+def uninterrupted(samples: int = 512) -> str:
     job = new_job(TRAINPOD_SYNTHETIC_SAMPLES=str(samples))
     try:
         job.up()
         metrics = finish(job)
     finally:
         job.down()
-    assert metrics["steps"] == STEPS * samples // 2048 and metrics["world_size"] == 4, metrics
+    assert metrics["steps"] == STEPS * samples // 512 and metrics["world_size"] == 4, metrics
     assert len(set(metrics["rank_checksums"])) == 1
     return metrics["checksum"]
 
@@ -244,7 +244,7 @@ def test_sigkill_of_random_ranks_at_three_steps_one_mid_checkpoint_write(job, re
     between two kills, else they are one failure twice without progress, and the budget ends the job (rightly)."""
     rng = random.Random(20261122)
     kills = [(rng.randrange(6, 9), rng.randrange(4)) for _ in range(2)]
-    job.env["TRAINPOD_FAILPOINTS"] = "checkpoint-write@8"
+    job.env["TRAINPOD_FAILPOINTS"] = "checkpoint-write@8,pace@150"  # pai-2node-faults.yaml's pace, with the failpoint
     job.up()
     recoveries, _ = kill_ranks(job, kills, resumed=1)
     metrics = finish(job)

@@ -24,7 +24,7 @@ OVERRIDES = (REPO / "tests" / "integration" / "compose" / "pai-2node-faults.yaml
 
 @pytest.fixture
 def job(docker_ready):
-    job = ComposeJob(COMPOSE, env={"TRAINPOD_SYNTHETIC_SAMPLES": "512",
+    job = ComposeJob(COMPOSE, env={"TRAINPOD_SYNTHETIC_SAMPLES": "128",
                                    "TRAINPOD_EPOCHS": "1"}, overrides=OVERRIDES)
     yield job
     job.down()
