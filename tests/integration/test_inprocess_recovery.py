@@ -64,6 +64,11 @@ def finish(job: subprocess.Popen, lines: list[str], timeout: float = 300) -> tup
     return job.wait(), "".join(lines)
 
 
+def said(log: str) -> str:
+    """The job's own lines (the keepers', the agent's, the resumes), not its step lines."""
+    return "".join(line + "\n" for line in log.splitlines() if not STEP.search(line))[-6000:]
+
+
 def metrics(out: Path) -> dict:
     return json.loads((out / "out" / "metrics.json").read_text())
 
@@ -115,7 +120,8 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     assert code == 0, log[-4000:]
     survivors = [r for r in range(nproc) if r != victim]
     assert set(before) == {f"{kind}{r}" for kind in ("rank", "keeper") for r in range(nproc)}, before
-    assert all(after[f"rank{r}"] == before[f"rank{r}"] for r in survivors), (before, after)  # their own processes
+    # their own processes (a failure says what the keepers and agent said: which rank was replaced, and why)
+    assert all(after[f"rank{r}"] == before[f"rank{r}"] for r in survivors), f"{before}\n{after}\n{said(log)}"
     assert after[f"rank{victim}"] != before[f"rank{victim}"]  # a replacement,
     assert all(after[f"keeper{r}"] == before[f"keeper{r}"] for r in range(nproc))  # forked by the same keeper
     assert f"trainpod: rank {victim} (pid {before[f'rank{victim}']}) was killed by SIGKILL: its replacement joins" in log
