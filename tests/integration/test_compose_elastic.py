@@ -96,12 +96,12 @@ def test_c10d_losing_the_stores_host_ends_the_others_with_69_and_one_line(job_fa
 def test_a_fourth_node_joins_a_running_job(job_factory):
     # At least 3: the first round waits for every trainer however late one starts (then the last call for a 4th), so
     # the timeline is [3, 4] on any machine; the 4th makes the maximum, and its round closes as it joins. The last call
-    # is also how long that round waits for the 4th once the three are back: at 3 s, on a machine 94 % busy (4 test
+    # is also how long that round waits for the 4th once the three are back: at 3 s, on a machine near saturation (4 test
     # workers), the timeline was [3, 3, 4], a round at world 3 between, which is that round closing before the 4th's
     # agent (on the wait list, alive, starved of CPU) got to join (the logs were lost; a failure here now prints the
     # nodes' stories). 15 s: a starved agent's few polls, not a node's start (the 4th's agent is already waiting).
     # With its logs kept, a later [3, 3, 4] showed the other cause: the round after the 4th's arrival closed at world 3
-    # 4 s after the three left their group, well within the last call. A round after the first closes early only with
+    # soon after the three left their group, well within the last call. A round after the first closes early only with
     # every node it expects (trainpod.rendezvous.node_order.expected: the last members and the wait list, those alive),
     # so the waiting 4th was no longer alive in the round's state: its agent, starting beside other modules' clusters,
     # had missed 3 heartbeats (the elastic default, 3 s). SLACK gives it ten.

@@ -24,8 +24,8 @@ MINUTES = 1.25  # 192 steps of at least 0.4 s (soak.STEP_S): the failpoint at st
 
 
 # The straggler watch off: beside other tests on a 2-core host, one node's ranks can do their own work half as fast again
-# as the other's for a minute while the job keeps its pace (seen after a recovery: node 1 at +52 % for 46 s, named, a
-# line the soak counts as trouble). The watch is right to name that; `make soak`, on a machine of its own, keeps it.
+# as the other's for a minute while the job keeps its pace (seen after a recovery: node 1 named a straggler, a line
+# the soak counts as trouble). The watch is right to name that; `make soak`, on a machine of its own, keeps it.
 SETTINGS = {"TRAINPOD_STRAGGLER_WINDOW": "0"}
 
 
