@@ -49,6 +49,20 @@ PEER_COPIES_FILE = "peer-copies.json"  # in the progress directory: every node's
 # agent writes it each round before it starts the ranks, which read it: a rank forked from the warm server has the
 # server's environment, not what the agent set after the server started)
 
+# --- the job's command: what run_supervised gives supervisord ---------------------------------------
+
+JOB_MODULE = "trainpod.supervisor.job"
+# Room in the job's command line for the titles of the processes forked from it: the node's fork server is a copy
+# of the job's process (trainpod.agent.zygote), every rank a copy of that, and each shows in `ps` only the command
+# line that fits where the job's argv was (trainpod.proctitle). The job blanks the argument as it starts.
+JOB_TITLE_ROOM = 4096
+
+
+def job_command(executable: str) -> list[str]:
+    """The job's command, as supervisord starts it (and restarts it)."""
+    return [executable, "-m", JOB_MODULE, "--title-room=" + "." * JOB_TITLE_ROOM]
+
+
 # --- peer copies: HTTP from a rank to another node's agent (trainpod.agent.peercopy) -----------------
 
 PEER_COPY_PATH = "/copy"  # PUT: a committed checkpoint's bytes, its manifest in PEER_COPY_MANIFEST_HEADER

@@ -19,6 +19,8 @@ does each step's own work twice as long (it sleeps as long as the step's forward
 them): a straggler, set on one node alone (trainpod.agent.stragglers names it). `pace@MS`: each step of a
 bundled example's rank lasts at least MS milliseconds (it sleeps the rest before the step's work): a test's job at
 one pace on a fast and a slow machine alike, where timers count in seconds and the job's length in steps.
+`server-copy@0`: the job's waiting copy of itself (trainpod.agent.zygote) gets SIGKILL before it serves, every time
+(0: no step; no marker), so the node's fork server is a new interpreter, as where no copy can be made.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from trainpod.contract import FAILPOINTS_VAR
 from trainpod.errors import ConfigError
 
-POINTS = ("checkpoint-write", "replacement", "crash", "slow", "pace")
+POINTS = ("checkpoint-write", "replacement", "crash", "slow", "pace", "server-copy")
 
 
 def armed(environ=os.environ) -> dict[str, set[int]]:
@@ -99,3 +101,9 @@ def slow(step: int, seconds: float) -> None:
     """Sleep `seconds` (the caller's last forward and backward) if `slow@FROM` is armed with FROM <= `step`."""
     if seconds > 0 and any(step >= first for first in armed().get("slow", ())):
         time.sleep(seconds)
+
+
+def server_copy_dies() -> None:
+    """SIGKILL this process (the job's copy of itself, before it serves) if `server-copy@0` is armed."""
+    if 0 in armed().get("server-copy", ()):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -2,6 +2,7 @@
 while it starts the ranks (real torchrun and supervisord on the host), and the kernel's OOM killer in a container
 with a memory limit (the real engine): one line each, saying what happened, never a traceback."""
 
+import contextlib
 import glob
 import os
 import re
@@ -19,6 +20,7 @@ import pytest
 from fixtures.docker_env import IMAGE, run
 from fixtures.processes import host_env as environment
 from fixtures.processes import trainpod_run as trainpod
+from trainpod.agent import zygote
 
 pytest.importorskip("torch")
 
@@ -78,8 +80,9 @@ STEPS = textwrap.dedent("""
 @pytest.mark.slow
 def test_a_fork_server_that_dies_while_it_starts_the_ranks_is_a_failed_worker_group_not_a_traceback(tmp_path):
     # Before: the agent crashed with multiprocessing's EOFError (a 40-line traceback), and supervisord restarted it.
-    # The server is stopped while it preloads, so that the agent's request for the first rank waits on it, then
-    # killed, as the OOM killer kills it in a small container (tested with the engine below).
+    # The server is stopped before it serves, so that the agent's request for the first rank waits on it, then
+    # killed, as the OOM killer kills it in a small container (tested with the engine below). The restarted group's
+    # server is multiprocessing's own, a new interpreter.
     (tmp_path / "steps.py").write_text(STEPS)
     # torch's log directory in a temporary directory of the test's own (short: multiprocessing's socket is made there)
     temp = tempfile.mkdtemp(prefix="tp-")
@@ -90,11 +93,11 @@ def test_a_fork_server_that_dies_while_it_starts_the_ranks_is_a_failed_worker_gr
     try:
         server = None
         deadline = time.monotonic() + 120
-        while server is None:  # its command line holds the agent's sys.path, and so the job's directory
+        while server is None:  # the job's copy of itself, which becomes the server (trainpod.agent.zygote)
             assert time.monotonic() < deadline and process.poll() is None, "no fork server"
-            server = next((each.pid for each in psutil.process_iter(["cmdline"])
-                           if "multiprocessing.forkserver import main" in " ".join(each.info["cmdline"] or ())
-                           and str(tmp_path) in " ".join(each.info["cmdline"])), None)
+            with contextlib.suppress(psutil.Error):
+                server = next((each.pid for each in psutil.Process(process.pid).children(recursive=True)
+                               if each.name() == zygote.NAME), None)
             time.sleep(0.01)
         os.kill(server, signal.SIGSTOP)
         # torch makes the attempt's log directories, then asks the server for the ranks

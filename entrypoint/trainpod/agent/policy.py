@@ -93,7 +93,7 @@ import time
 from pathlib import Path
 
 from trainpod import log
-from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, peercopy, round_gather, survivors, warm
+from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, peercopy, round_gather, survivors, warm, zygote
 from trainpod.agent.committed import SharedCommitted
 from trainpod.agent.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.contract import INPROCESS_MAX_VAR, PROGRESS_DIR, PROGRESS_DIR_VAR, SUPERVISOR_DIR_VAR
@@ -244,6 +244,8 @@ class AgentPolicy:
                 warm.start_server(warm.preload(target))
             else:
                 spec.entrypoint, spec.args = orphans.wrap(spec.entrypoint, tuple(spec.args), os.getpid())
+        if self._start_method != warm.START_METHOD:
+            zygote.discard()  # the job's copy of itself, made for a fork server no rank needs
         node_order.hold(spec.rdzv_handler)  # each round's world as it completed, on every node
         if not self.elastic and node and node.isdigit():
             node_order.keep(spec.rdzv_handler, self.node_rank)  # global ranks by the platform's node numbering

@@ -6,7 +6,8 @@ next step (docs/results.md, bench/recovery.py). With warm starts the agent asks
 torch's launcher for function entrypoints started by Python's multiprocessing `forkserver`: one
 server process per node, started by the agent before its first rendezvous, imports torch and the
 example once (while the nodes meet), and every rank of every start and restart is a fork of it,
-which imports nothing.
+which imports nothing. That server is a copy of the job's process, whose imports are done by then
+(trainpod.agent.zygote), else a new interpreter.
 
 What the rank runs is unchanged: `run_rank` sets sys.argv and runs the module (or script) as
 `__main__` with runpy, as `python -m` does; its exit code, its lines (torch's tee and prefixes) and
@@ -32,7 +33,6 @@ command that is `python [-u] SCRIPT ARGS` or `python [-u] -m MODULE ARGS`, `off`
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -45,6 +45,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
+from trainpod import proctitle
 from trainpod.settings import IN_PROCESS, RECOVERY
 from trainpod.supervisor import orphans
 
@@ -122,13 +123,18 @@ def preload(target: tuple[str, str, tuple[str, ...]]) -> tuple[str, ...]:
 
 
 def start_server(modules: Sequence[str]) -> None:
-    """Start the node's fork server now, importing `modules`, so that the import overlaps the rendezvous.
-    It inherits this process's environment: set the ranks' common variables first. Call it from the
-    main thread: the server dies with the thread that started it (trainpod.agent.warm_server)."""
+    """Start the node's fork server now, importing `modules`, so that the import overlaps the rendezvous: the
+    copy of the job's process that waits for it (trainpod.agent.zygote), else a new interpreter. It gets
+    this process's environment: set the ranks' common variables first. Call it from the main thread: the
+    server dies with the thread that started it (trainpod.agent.warm_server)."""
     from multiprocessing import forkserver
 
+    from trainpod.agent import zygote
+
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(modules))
-    forkserver.ensure_running()
+    copy = zygote.current()
+    if copy is None or not copy.serve(modules):  # the job's copy of itself, else a new interpreter
+        forkserver.ensure_running()
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_traceback)
 
 
@@ -174,20 +180,20 @@ def _without_traceback(record: logging.LogRecord) -> bool:
 def name_process(name: str, argv: Sequence[str]) -> None:
     """What `ps` and /proc show of a forked rank, whose command line is its server's: the name `name`
     (/proc/PID/comm, `pgrep -x rank0`) and the command line `argv` (/proc/PID/cmdline, `ps`,
-    `pgrep -f`): the command it would have run, cut to the length of the server's (about 500 bytes).
-    Best effort, Linux only. Its environment in /proc stays the server's: RANK is not in it."""
-    try:
-        with open(f"/proc/{os.getpid()}/comm", "w") as comm:  # at most 15 bytes are kept
-            comm.write(name[:15])
-        with open(f"/proc/{os.getpid()}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: stat's fields 48 and 49
-    except (OSError, IndexError, ValueError):
-        return
-    if not start or end <= start:
-        return
-    text = b"\0".join(os.fsencode(arg) for arg in argv)[: end - start - 1]
-    ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)  # the argv area itself, as setproctitle does
+    `pgrep -f`): the command it would have run, cut to the room the server's has (trainpod.proctitle).
+    Its environment in /proc stays the server's: RANK is not in it."""
+    proctitle.set_name(name)
+    proctitle.set_command_line(argv)
+
+
+def _threads_from_the_environment() -> None:
+    """torch's intra-op threads as OMP_NUM_THREADS says, as in a new interpreter: OpenMP read the variable when
+    torch was loaded, which in a server copied from the job's process (trainpod.agent.zygote) was before the
+    launch plan set it. A value that is not a positive count is left to OpenMP, as it was."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if torch is not None and threads.isdigit() and int(threads) > 0 and torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))
 
 
 def run_rank(kind: str, name: str, *argv: str) -> None:
@@ -212,6 +218,7 @@ def _run(kind: str, name: str, argv: Sequence[str], rank: str, command: list[str
     for sig in STOP_SIGNALS:  # the server ignores them; a new interpreter would not
         signal.signal(sig, signal.SIG_DFL)
     name_process(f"rank{rank}", command)
+    _threads_from_the_environment()
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # -u: every line reaches torch's tee at once
     os.environ["PYTHONUNBUFFERED"] = "1"  # and the rank's own child processes

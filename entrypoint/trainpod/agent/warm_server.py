@@ -19,7 +19,15 @@ import signal
 from trainpod.agent.warm import STOP_SIGNALS
 from trainpod.supervisor import orphans
 
-orphans.die_with_parent(orphans.RANK_SIGNAL)
-os.setsid()
-for _sig in STOP_SIGNALS:
-    signal.signal(_sig, signal.SIG_IGN)
+
+def become_server() -> None:
+    """What the import does (the module docstring); called again by a server whose process had imported this
+    module already (trainpod.agent.zygote: a copy of the job's process, where the import would not run again)."""
+    orphans.die_with_parent(orphans.RANK_SIGNAL)
+    if os.getsid(0) != os.getpid():
+        os.setsid()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+become_server()

@@ -337,8 +337,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
     # The outer run: what could be checked without the network was (64/78 end above, never
     # supervised); the job itself runs, and is restarted, under supervisord.
     policy = Policy(max_restarts=spec.max_restarts, backoff_s=spec.restart_backoff, progress_window=spec.progress_window)
-    argv = [sys.executable, "-m", "trainpod.supervisor.job"]
-    return run_supervised(argv, {**os.environ, **spec.to_env()}, policy, topology.node_label,
+    return run_supervised(contract.job_command(sys.executable), {**os.environ, **spec.to_env()}, policy, topology.node_label,
                           stop_wait=stop_wait_s(spec.term_grace))
 
 

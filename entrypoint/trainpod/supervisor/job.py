@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import NoReturn
 
-from trainpod import log
-from trainpod.contract import EXIT_UNAVAILABLE, EXIT_USAGE, RDZV_BASE_ID_VAR, RDZV_GENERATION_VAR, RUN_SPEC_VAR
+from trainpod import log, proctitle
+from trainpod.agent import zygote
+from trainpod.contract import EXIT_UNAVAILABLE, EXIT_USAGE, JOB_MODULE, RDZV_BASE_ID_VAR, RDZV_GENERATION_VAR, RUN_SPEC_VAR
 from trainpod.errors import TrainpodError
 from trainpod.launcher import devices
 from trainpod.launcher.launch import available_cpus, build_plan
@@ -57,6 +58,10 @@ def run(spec: RunSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
             _end_job(spec, env, error.exit_code)
         importing.join()  # an exit with the import half done could end in a crash rather than this code
         raise
+    # torch imported (and before the environment changes: glibc's getenv in torch's libraries races setenv): the
+    # job's copy of itself, the node's fork server to be, shares the import
+    importing.join()
+    zygote.fork()  # before any thread, lock or connection of the agent's (trainpod.agent.zygote)
     held = _hold_directories(spec, say, env)
     note = gloo_fallback_note(topology, devices.torch_cuda_version())
     if note:
@@ -72,7 +77,6 @@ def run(spec: RunSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     say(f"{topology.source}: {where}, {topology.nproc_per_node} process(es) per node, {meet}, "
         f"{topology.backend} over {topology.interface}")
     sys.stdout.flush()
-    importing.join()  # before the environment changes: glibc's getenv (torch's libraries) races setenv
     os.environ.update({**env, **plan.env, **extra})  # the agent's, and through it the ranks'
     from trainpod.agent import agent
 
@@ -172,6 +176,7 @@ def _generation(topology: Topology, timeout: float) -> tuple[Topology, dict[str,
 def main() -> int:
     # supervisord's child, and so is the agent it becomes: they die with supervisord.
     orphans.die_with_parent(orphans.PARENT_SIGNAL, supervisor_pid())
+    proctitle.set_command_line([sys.executable, "-m", JOB_MODULE])  # the room stays, for the forked (trainpod.contract)
     try:
         spec = RunSpec.from_env(os.environ)
     except TrainpodError as error:

@@ -65,9 +65,12 @@ def test_only_the_server_is_changed_by_its_preload_not_who_imports_trainpod():
 # The rank runs as soon as it is started: its output and the pid line reach the same pipe in either order (the pid
 # line came second, and with PYTHONUNBUFFERED print's text and newline are two writes, so the rank's line once landed
 # between them). So the pid line is one write, whole wherever it lands, and run_warm() takes it out.
+# With TP_TEST_ZYGOTE set, the server is the driver's copy of itself (trainpod.agent.zygote), as in a job's process.
 DRIVER = textwrap.dedent("""
-    import multiprocessing, sys
-    from trainpod.agent import warm
+    import multiprocessing, os, sys
+    from trainpod.agent import warm, zygote
+    if os.environ.get("TP_TEST_ZYGOTE"):
+        assert zygote.fork() is not None
     warm.start_server([warm.PRELOAD[0], "json"])
     rank = multiprocessing.get_context(warm.START_METHOD).Process(target=warm.run_rank, args=tuple(sys.argv[1:]))
     rank.start()
@@ -77,6 +80,13 @@ DRIVER = textwrap.dedent("""
     print(f"exit {rank.exitcode}", flush=True)
 """)
 PID_LINE = re.compile(r"pid \d+\n")
+SERVERS = {"a new interpreter": {}, "a copy of the agent": {"TP_TEST_ZYGOTE": "1"}}
+
+
+@pytest.fixture(params=list(SERVERS))
+def server(request):
+    """The fork server's environment for the driver: each test runs against both kinds of server."""
+    return SERVERS[request.param]
 
 
 def run_warm(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -95,7 +105,7 @@ def script(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
-def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(tmp_path):
+def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(server, tmp_path):
     path = script(tmp_path, """
         import multiprocessing, os, signal, sys, helper
         print(__name__, sys.argv, helper.VALUE, os.environ["PYTHONUNBUFFERED"], multiprocessing.get_start_method(),
@@ -103,7 +113,7 @@ def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(tmp_pat
         # What ps shows: the rank's name, and the command it would have run (not its fork server's)
         print(open("/proc/self/comm").read().strip(), open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").split(b"\\0"))
     """)
-    result = run_warm("script", path, "--lr", "0.1", env={"RANK": "3"})
+    result = run_warm("script", path, "--lr", "0.1", env={"RANK": "3", **server})
     # a new interpreter's start method (a DataLoader's workers are not the fork server's): fork, or 3.14's forkserver
     default = subprocess.run([sys.executable, "-c", "import multiprocessing as m; print(m.get_start_method())"],
                              capture_output=True, text=True).stdout.strip()
@@ -120,29 +130,29 @@ def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(tmp_pat
     ("import sys; sys.exit(78)", 78),
     ("import atexit, sys; atexit.register(print, 'atexit ran'); sys.exit(3)", 3),
 ])
-def test_a_warm_ranks_exit_code_is_the_scripts(tmp_path, body, code):
-    result = run_warm("script", script(tmp_path, body))
+def test_a_warm_ranks_exit_code_is_the_scripts(server, tmp_path, body, code):
+    result = run_warm("script", script(tmp_path, body), env=server)
     assert result.stdout.splitlines()[-1] == f"exit {code}"
     assert ("atexit ran" in result.stdout) == ("atexit" in body)  # the interpreter's exit handlers run, as they would
 
 
-def test_a_warm_ranks_uncaught_exception_is_its_own_traceback_and_exit_1(tmp_path):
-    result = run_warm("script", script(tmp_path, "def train():\n    raise ValueError('bad batch')\ntrain()\n"))
+def test_a_warm_ranks_uncaught_exception_is_its_own_traceback_and_exit_1(server, tmp_path):
+    result = run_warm("script", script(tmp_path, "def train():\n    raise ValueError('bad batch')\ntrain()\n"), env=server)
     assert result.stdout.splitlines()[-1] == "exit 1"
     assert "Traceback" in result.stderr and "in train" in result.stderr
     assert result.stderr.strip().splitlines()[-1] == "ValueError: bad batch"
 
 
-def test_a_warm_module_runs_afresh_as_main_even_when_the_server_imported_it(tmp_path):
+def test_a_warm_module_runs_afresh_as_main_even_when_the_server_imported_it(server, tmp_path):
     (tmp_path / "mytrain.py").write_text("import sys\nprint(__name__, sys.argv[1:])\n")
-    result = run_warm("-m", "mytrain", "x", env={"PYTHONPATH": f"{ENTRYPOINT}{os.pathsep}{tmp_path}"})
+    result = run_warm("-m", "mytrain", "x", env={"PYTHONPATH": f"{ENTRYPOINT}{os.pathsep}{tmp_path}", **server})
     assert result.stdout.splitlines() == ["__main__ ['x']", "exit 0"]
     assert "RuntimeWarning" not in result.stderr
 
 
-def test_a_warm_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent(tmp_path):
+def test_a_warm_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent(server, tmp_path):
     agent = subprocess.Popen([sys.executable, "-c", DRIVER, "script", script(tmp_path, "import time; time.sleep(300)")],
-                             env=ENV, stdout=subprocess.PIPE, text=True)
+                             env={**ENV, **server}, stdout=subprocess.PIPE, text=True)
     rank = int(agent.stdout.readline().split()[1])
     try:
         time.sleep(0.5)
@@ -152,11 +162,11 @@ def test_a_warm_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent(tmp_p
         assert os.getsid(rank) != os.getsid(agent.pid) and os.getpgid(rank) != os.getpgid(agent.pid)
         # and it outlives the signals that stop a job (scancel sends SIGTERM to every process of the step):
         # the ranks then checkpoint within their grace, which its death would cut short
-        server = int(Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        server_pid = int(Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[1])
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            os.kill(server, sig)
+            os.kill(server_pid, sig)
         time.sleep(0.5)
-        assert alive(server) and alive(rank)
+        assert alive(server_pid) and alive(rank)
         agent.kill()  # the server gets SIGKILL with its agent (trainpod.agent.warm_server), and the rank with the server
         agent.wait()
         assert gone_within(rank, 10), "the warm rank outlived its agent"
