@@ -19,8 +19,9 @@ does each step's own work twice as long (it sleeps as long as the step's forward
 them): a straggler, set on one node alone (trainpod.agent.stragglers names it). `pace@MS`: each step of a
 bundled example's rank lasts at least MS milliseconds (it sleeps the rest before the step's work): a test's job at
 one pace on a fast and a slow machine alike, where timers count in seconds and the job's length in steps.
-`server-copy@0`: the job's waiting copy of itself (trainpod.agent.zygote) gets SIGKILL before it serves, every time
-(0: no step; no marker), so the node's fork server is a new interpreter, as where no copy can be made.
+`server-copy@0`: the job's waiting copy of itself (trainpod.agent.zygote) gets SIGKILL as the agent is about to hand it
+the server's part, every time (0: no step; no marker), so the node's fork server is a new interpreter, as where no
+copy can be made.
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ def slow(step: int, seconds: float) -> None:
         time.sleep(seconds)
 
 
-def server_copy_dies() -> None:
-    """SIGKILL this process (the job's copy of itself, before it serves) if `server-copy@0` is armed."""
-    if 0 in armed().get("server-copy", ()):
-        os.kill(os.getpid(), signal.SIGKILL)
+def server_copy_killed() -> bool:
+    """Whether `server-copy@0` is armed: the agent then kills the job's copy of itself (trainpod.agent.zygote)."""
+    if 0 not in armed().get("server-copy", ()):
+        return False
+    print("trainpod: failpoint server-copy@0: SIGKILL of the job's copy of itself", file=sys.stderr, flush=True)
+    return True

@@ -39,6 +39,7 @@ import gc
 import inspect
 import os
 import pickle
+import signal
 import socket
 import struct
 import sys
@@ -68,6 +69,9 @@ class Zygote:
         channel, self._channel = self._channel, None
         if channel is None:
             return False
+        if failpoints.server_copy_killed():  # gone before the hand-over, as if the OOM killer had taken it
+            os.kill(self.pid, signal.SIGKILL)
+            _reap(self.pid, wait=True)
         server = forkserver._forkserver
         with channel, server._lock:
             if server._forkserver_pid is not None:  # one runs already: it stays, and the copy exits
@@ -166,7 +170,6 @@ def fork() -> Zygote | None:
 def _wait(channel: socket.socket, parent: int) -> int:
     """The copy: wait for the agent's request, then be the fork server it asks for; 0 when none is asked for."""
     orphans.die_with_parent(orphans.RANK_SIGNAL, parent)
-    failpoints.server_copy_dies()
     proctitle.set_name(NAME)
     proctitle.set_command_line(["trainpod-fork-server", f"agent={parent}"])
     gc.freeze()  # the job's objects stay as they are, in pages shared with it: none is collected here
