@@ -291,14 +291,14 @@ docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 # tests wait on timers and processes) and 4 (more overhead). 3 integration workers: 2 leave the cores idle while
 # tests wait, and 4 on a slower machine ran 6 times as many processes as cores (load 12-14) and a 3-node compose job
 # there took longer to start than its rendezvous' and checks' bounds; on this one 4 were no faster than 3 (the cores
-# were already busy: docs/results.md, "The test suite"). PYTEST_ARGS: more of pytest's flags, for both
-# layers.
+# were already busy: docs/results.md, "The test suite"). The integration layer ends with its 25 slowest tests, where
+# the suite's time goes. PYTEST_ARGS: more of pytest's flags, for both layers.
 UNIT_WORKERS ?= 3
 INTEGRATION_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: setup images lint ## provision, build the images, lint, then the unit tests, then the integration tests (but the CUDA images')
 	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not cuda_images" $(PYTEST_ARGS)
-	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup -m "not cuda_images" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup -m "not cuda_images" --durations=25 $(PYTEST_ARGS)
 
 # The CUDA images without a GPU (tests/integration/test_cuda_images.py): built, then smoke-tested.
 # CI runs it after `make test`, with Apex's source from ../shared/vendor and only the Apex extensions

@@ -25,7 +25,6 @@ import pytest
 
 from fixtures.compose_elastic import (
     ELASTIC,
-    ELASTIC_ARGS,
     LAST_CALL,
     SCALE_DOWN_PACE_MS,
     SLACK,
@@ -109,11 +108,18 @@ def test_a_node_with_a_slow_link_leaves_and_the_others_finish_at_world_2(job_fac
     print(f"\nshaped with {shaped}: {errors[0]}")
 
 
+# The crashing node's job: after it leaves (at step 6), its survivors have about 80 steps left at world 2, so that its
+# restart (`docker start`: a container, Python, torch, the preflight; seconds on a loaded machine) finds the job still
+# running. With ELASTIC_ARGS' 22 steps the survivors once finished first: that run over, the restarted node met the
+# next run's rendezvous (generation g1, trainpod.rendezvous.generation) and waited there for nodes that never came.
+CRASHING_ARGS = f"{SMALL_IMAGENET} --synthetic-samples 1440 --epochs 2"
+
+
 def test_a_node_whose_ranks_always_fail_is_left_out_and_the_others_finish_exactly_once(job_factory):
     """...and stays out: started again on the same host (`docker start`, as an orchestrator's restart policy would),
     its agent finds the exclusion in the run's store before it joins, ends with the same code and one line, and the
     others' membership never changes for it (trainpod.rendezvous.exclusions)."""
-    job = job_factory("crashing", pace_ms=SCALE_DOWN_PACE_MS, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_ARGS)
+    job = job_factory("crashing", pace_ms=SCALE_DOWN_PACE_MS, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=CRASHING_ARGS)
     job.compose.overrides = (REPO / "tests" / "integration" / "compose" / "elastic-crashing-node.yaml",)
     job.up(*TRAINERS)
     assert job.wait("trainer2") == {"trainer2": 1}, job.tails()

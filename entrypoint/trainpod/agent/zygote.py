@@ -186,7 +186,10 @@ def _wait(channel: socket.socket, parent: int) -> int:
     server = sys.modules.get("trainpod.agent.warm_server")
     if server is not None:  # imported already: its import, the first of the preload, would not run again
         server.become_server()
-    forkserver.main(listener_fd, alive_r, request["preload"])  # returns, or raises SystemExit, when no rank is left
+    try:
+        forkserver.main(listener_fd, alive_r, request["preload"])
+    except SystemExit as end:  # how multiprocessing's server ends, once the agent is gone
+        return end.code if isinstance(end.code, int) else 0
     return 0
 
 
