@@ -41,7 +41,6 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import sys
 import threading
 from collections.abc import Sequence
@@ -53,7 +52,6 @@ from trainpod.supervisor import orphans
 NAME = "fork-server"  # the copy's /proc/PID/comm (`pgrep -x fork-server`)
 _MAIN_PARAMETERS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
 _RECORDS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
-_LENGTH = struct.Struct("!I")
 
 
 class Zygote:
@@ -87,7 +85,7 @@ class Zygote:
                 try:
                     request = pickle.dumps({"preload": list(preload), "environ": dict(os.environ)})
                     reduction.sendfds(channel, [listener.fileno(), alive_r])
-                    channel.sendall(_LENGTH.pack(len(request)) + request)
+                    channel.sendall(request)  # one pickle: its reader knows where it ends
                 except OSError:  # the copy is gone (killed, or it exited): multiprocessing starts a server
                     os.close(alive_w)
                     _reap(self.pid)
@@ -176,9 +174,9 @@ def _wait(channel: socket.socket, parent: int) -> int:
     _leave_only(0, 1, 2, channel.fileno())
     try:
         listener_fd, alive_r = reduction.recvfds(channel, 2)
-        (length,) = _LENGTH.unpack(_receive(channel, _LENGTH.size))
-        request = pickle.loads(_receive(channel, length))
-    except (OSError, EOFError, RuntimeError, struct.error):  # the job's process closed the channel, or died
+        with channel.makefile("rb") as stream:
+            request = pickle.load(stream)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError):  # the job's process closed the channel, or died
         return 0
     channel.close()
     os.environ.clear()
@@ -191,16 +189,6 @@ def _wait(channel: socket.socket, parent: int) -> int:
     except SystemExit as end:  # how multiprocessing's server ends, once the agent is gone
         return end.code if isinstance(end.code, int) else 0
     return 0
-
-
-def _receive(channel: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = channel.recv(size - len(data))
-        if not chunk:
-            raise EOFError("the channel closed")
-        data += chunk
-    return data
 
 
 def _leave_only(*keep: int) -> None:
