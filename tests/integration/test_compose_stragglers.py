@@ -1,8 +1,8 @@
 """A straggler made by a real CPU quota: the 2-node compose job (compose/pai-2node, one process per node, the
 CIFAR-10 example), node1's container limited to a tenth of a CPU (`docker update --cpus`, the kernel's CFS quota)
 once training runs. node1's agent names its rank in one line within the window (5 s) plus the figures' lag, and
-appends the event to the shared output's stragglers.jsonl; node0 names nobody; the quota is lifted, the job trains on
-and both nodes end with 0. The decision's edges are trainpod.agent.stragglers' unit tests; the host test
+appends the event to the shared output's stragglers.jsonl; node0 names nobody while node1 is held; the quota is
+lifted, the job trains on and both nodes end with 0. The decision's edges are trainpod.agent.stragglers' unit tests; the host test
 (test_stragglers_host) slows a rank with a failpoint."""
 
 from __future__ import annotations
@@ -51,14 +51,20 @@ def test_a_node_under_a_cpu_quota_is_named_a_straggler_by_its_own_agent_and_the_
     slowed_at = time.time()
     line = wait_until(lambda: next((ln for ln in job.logs("node1").splitlines() if NAMED in ln), None), 240,
                       "the straggler line on node1", job)
+    while_slowed = {node: job.logs(node) for node in NODES}
     run("docker", "update", "--cpus", str(os.cpu_count()), node1)  # the rest of the job at its usual pace
+    lifted_at = time.time()
     assert job.wait(*NODES, timeout=600) == {"node0": 0, "node1": 0}, "\n".join(job.logs(n)[-3000:] for n in NODES)
     logs = {node: job.logs(node) for node in NODES}
-    assert logs["node1"].count(NAMED) == 1, logs["node1"][-3000:]
-    assert "straggler" not in logs["node0"], logs["node0"][-3000:]
-    event, *later = [json.loads(text) for text in in_volume(job, "print(open('/workspace/output/stragglers.jsonl').read())").split("\n")
-                     if text.strip()]
-    assert [e["event"] for e in later] in ([], ["keeps pace"]), later  # the job may end before the lifted quota shows
+    # While node1 was held to its quota, node1 alone was named, once. After the lift the two nodes share a loaded
+    # host with the test's 5 s window (the default is 45 s): the host may then slow either for a window, and
+    # naming it is the watch doing its work (a CI run named node0 for 6 s at +43 %), so nothing is asserted then.
+    assert while_slowed["node1"].count(NAMED) == 1, while_slowed["node1"][-3000:]
+    assert "straggler" not in while_slowed["node0"], while_slowed["node0"][-3000:]
+    events = [json.loads(text) for text in in_volume(job, "print(open('/workspace/output/stragglers.jsonl').read())").split("\n")
+              if text.strip()]
+    event, *also_held = [e for e in events if e["time"] < lifted_at]
+    assert also_held == [], events
     assert (event["event"], event["rank"], event["node"]) == ("straggler", 1, "1"), event
     assert event["busy_s"] >= 1.3 * event["others_s"] > 0 and event["time"] - event["since"] >= WINDOW_S, event
     assert event["time"] >= slowed_at - 1, (event, slowed_at)  # named for the quota, not before it
