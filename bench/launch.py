@@ -92,13 +92,16 @@ def host_sides(job: Path) -> dict[str, list[str]]:
 def table(runs: dict[str, list[dict[str, float]]], phases: tuple[str, ...], title: str) -> str:
     """One row per phase, a column per side, then each side's difference from bare torchrun (the last side)."""
     sides = list(runs)
-    lines = [title, f"  {'phase':<11}" + "".join(f"{side:>16}" for side in sides) + "".join(f"{'extra':>8}" for _ in sides[:-1])]
+    width = {side: max(16, len(side) + 3) for side in sides}  # a side's name is wider than its figures
+    extra = [f"extra, {side.rpartition(' ')[2]}" for side in sides[:-1]]  # "extra, on": that side's minus bare torchrun's
+    lines = [title, f"  {'phase':<11}" + "".join(f"{side:>{width[side]}}" for side in sides)
+             + "".join(f"{name:>12}" for name in extra)]
     for phase in phases:
         values = {side: [run[phase] for run in runs[side] if phase in run] for side in sides}
         med = {side: statistics.median(v) if v else None for side, v in values.items()}
         bare = med[sides[-1]]
-        cells = [f"{v:>16.2f}" if v is not None else f"{'-':>16}" for v in med.values()]
-        cells += [f"{med[side] - bare:>+8.2f}" if med[side] is not None and bare is not None else f"{'':>8}" for side in sides[:-1]]
+        cells = [f"{v:>{width[side]}.2f}" if v is not None else f"{'-':>{width[side]}}" for side, v in med.items()]
+        cells += [f"{med[side] - bare:>+12.2f}" if med[side] is not None and bare is not None else f"{'':>12}" for side in sides[:-1]]
         lines.append(f"  {phase:<11}{''.join(cells)}")
     return "\n".join(lines)
 

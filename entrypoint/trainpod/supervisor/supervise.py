@@ -9,7 +9,7 @@ supervisord down. run_supervised(), the container's main process under tini, sta
 forwards signals to it, and exits with the code from that file.
 
     tini -> trainpod run (run_supervised) -> supervisord -> job: python -m trainpod.supervisor.job
-                                              (trainpod.supervisor.supervisord: its loop ticks every 50 ms, not 1 s)
+                                              (trainpod.supervisor.supervisord: its loop wakes at a SIGCHLD, not 1 s later)
                                                           -> policy: python -m trainpod.supervisor.supervise
 
 One budget of --max-restarts, restarts *without progress* (trainpod.supervisor.restarts), covers both
