@@ -134,6 +134,7 @@ def describe_failure(failure) -> str:
 
 
 REPLACE_LOOK_S = 2.0  # --replace-stragglers: how often a node with a named straggler asks whether a spare waits
+WAITING_LOOK_S = 0.5  # while the ranks train: how often the agent asks the rendezvous whether a node waits to join
 SERVER_DEATH_WAIT_S = 2.0  # a fork server whose pipes closed is dying: at most this long until it is seen dead
 LOST_STATUS = 255  # what multiprocessing reports of a rank whose fork server died (it alone could send the status)
 SERVER_MARK = "trainpod_fork_server"  # on a ProcessFailure made for a fork server that died: (pid, its status)
@@ -258,6 +259,7 @@ class AgentPolicy:
             node_order.when_spare(spec.rdzv_handler, self._waits_as_spare)
         self._group_started_at = time.time()  # the wall clock (the ranks' progress records use it) of the last start
         self._said_finishing = False
+        _look_for_joining_nodes_less_often(spec.rdzv_handler)
         self._no_restart_once_finishing(spec.rdzv_handler)
         self.budget = restarts.node_budget(spec.max_restarts, run.progress_window)
         self.rejoin_timeout = run.rejoin_timeout
@@ -859,9 +861,30 @@ class AgentPolicy:
 def rendezvous_poll_s(max_nodes: int) -> float:
     """How often a node reads a c10d or etcd-v3 rendezvous's state while it waits for the others: 0.01 s
     per node, from 0.02 s to torch's 1 s, so a job's nodes read the store about 100 times a second at
-    most, whatever their number. (While the ranks train, torch's agent asks once per monitor interval,
-    0.1 s, whether a node waits to join: at most one read each time.)"""
+    most, whatever their number. (While the ranks train, the agent asks every WAITING_LOOK_S whether a
+    node waits to join: _look_for_joining_nodes_less_often.)"""
     return min(1.0, max(0.02, 0.01 * max_nodes))
+
+
+def _look_for_joining_nodes_less_often(handler) -> None:
+    """torch's agent asks the rendezvous whether a node waits to join (num_nodes_waiting()) at every turn of its
+    monitor loop while the ranks train, every 0.1 s, and with the state's cache at rendezvous_poll_s
+    (_poll_rendezvous_faster) each ask is a read of the store: every node of every job ten times a second, on
+    an etcd that several jobs share (an HTTP request, a linearizable read) or on the TCPStore one node's agent
+    hosts. Here it asks every WAITING_LOOK_S: a joining node is seen up to that much later (torch's own cache
+    made it a second), and its restart takes seconds anyway. An answer of 0 is what it repeats between two
+    looks: a node seen waiting restarts the group at once, as in torch."""
+    torch_waiting = handler.num_nodes_waiting
+    next_look = [0.0]
+
+    def num_nodes_waiting() -> int:
+        now = time.monotonic()
+        if now < next_look[0]:
+            return 0
+        next_look[0] = now + WAITING_LOOK_S
+        return torch_waiting()
+
+    handler.num_nodes_waiting = num_nodes_waiting
 
 
 def rendezvous_skew_s(max_nodes: int) -> float:

@@ -295,6 +295,7 @@ def test_a_finishing_worker_group_is_not_restarted_for_a_node_that_waits_to_join
     from trainpod.train import progress
 
     monkeypatch.setattr(DynamicRendezvousHandler, "num_nodes_waiting", lambda self: 1)  # torch's answer: a node waits
+    monkeypatch.setattr(policy, "WAITING_LOOK_S", 0.0)  # every ask reads (the next test: how often it does)
     agent = fixed_size_agent(monkeypatch, tmp_path, node_rank=0, min_nodes=1)
     handler = agent._worker_group.spec.rdzv_handler
     said = []
@@ -314,6 +315,25 @@ def test_a_finishing_worker_group_is_not_restarted_for_a_node_that_waits_to_join
     assert handler.num_nodes_waiting() == 1
     agent._left = {1}  # a local rank ended with 0 while the others run (a script without trainpod's shutdown)
     assert handler.num_nodes_waiting() == 0 and "local rank 1 ended with 0" in said[-1]
+
+
+def test_while_the_ranks_train_the_rendezvous_is_asked_for_joining_nodes_every_waiting_look(monkeypatch, tmp_path):
+    # torch's monitor loop asks at every turn (0.1 s): ten reads a second of a store that every node of every job shares.
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    reads = []
+    monkeypatch.setattr(DynamicRendezvousHandler, "num_nodes_waiting", lambda self: reads.append(1) or len(reads) - 1)
+    monkeypatch.setattr(policy, "WAITING_LOOK_S", 0.5)
+    agent = fixed_size_agent(monkeypatch, tmp_path, node_rank=0, min_nodes=1)
+    handler = agent._worker_group.spec.rdzv_handler
+    clock = [1000.0]
+    monkeypatch.setattr(policy.time, "monotonic", lambda: clock[0])
+    answers = []
+    for _ in range(16):  # the monitor loop's turns over 2 s, at 0.125 s (binary-exact sums)
+        answers.append(handler.num_nodes_waiting())
+        clock[0] += 0.125
+    assert len(reads) == 4  # at 0, 0.5, 1 and 1.5 s: one read per WAITING_LOOK_S, not one per turn
+    assert answers == [0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0], answers  # between two reads: 0
 
 
 def test_a_spare_that_the_job_never_needed_ends_with_0_not_torchs_attribute_error(monkeypatch, tmp_path):
