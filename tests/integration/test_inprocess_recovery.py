@@ -69,6 +69,17 @@ def said(log: str) -> str:
     return "".join(line + "\n" for line in log.splitlines() if not STEP.search(line))[-6000:]
 
 
+def stuck(out: Path) -> str:
+    """The native stacks of every rank that trainpod.train.inprocess ended as stuck (<output>/hangs/*-stuck.txt), each
+    thread's frames from torch, gloo and c10 only."""
+    texts = []
+    for dump in sorted((out / "out" / "hangs").glob("*-stuck.txt")):
+        lines = [line for line in dump.read_text().splitlines()
+                 if line.startswith("Thread ") or re.search(r"\(lib(torch|gloo|c10)|\.py:\d+\)$", line)]
+        texts.append(f"--- {dump.name}\n" + "\n".join(line[:160] for line in lines))
+    return "\n".join(texts)[-8000:]
+
+
 def metrics(out: Path) -> dict:
     return json.loads((out / "out" / "metrics.json").read_text())
 
@@ -120,8 +131,9 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     assert code == 0, log[-4000:]
     survivors = [r for r in range(nproc) if r != victim]
     assert set(before) == {f"{kind}{r}" for kind in ("rank", "keeper") for r in range(nproc)}, before
-    # their own processes (a failure says what the keepers and agent said: which rank was replaced, and why)
-    assert all(after[f"rank{r}"] == before[f"rank{r}"] for r in survivors), f"{before}\n{after}\n{said(log)}"
+    # their own processes (a failure says what the keepers and agent said: which rank was replaced, and why, and the
+    # native stacks of a survivor that the stuck-rank watch ended: where its collective waited)
+    assert all(after[f"rank{r}"] == before[f"rank{r}"] for r in survivors), f"{before}\n{after}\n{said(log)}\n{stuck(tmp_path)}"
     assert after[f"rank{victim}"] != before[f"rank{victim}"]  # a replacement,
     assert all(after[f"keeper{r}"] == before[f"keeper{r}"] for r in range(nproc))  # forked by the same keeper
     assert f"trainpod: rank {victim} (pid {before[f'rank{victim}']}) was killed by SIGKILL: its replacement joins" in log

@@ -44,8 +44,10 @@ import contextlib
 import gc
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -221,9 +223,42 @@ def _recover_or_end(watched: int) -> None:
         elif time.monotonic() - since >= STUCK_S:
             if _cpu_s(main.native_id) - cpu < 0.05 * STUCK_S and generation() == watched:
                 print(f"trainpod: rank {os.environ.get('RANK')}: still idle in {stuck_at[2]} {STUCK_S:g}s after its "
-                      "group was given up: the rank ends, and its keeper replaces it", file=sys.stderr, flush=True)
+                      f"group was given up{_native_wait()}: the rank ends, and its keeper replaces it", file=sys.stderr,
+                      flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             cpu, since = _cpu_s(main.native_id), time.monotonic()
+
+
+def _native_wait() -> str:
+    """Where this rank's main thread waits below Python, and where every thread's stack went (py-spy --native, which
+    reads this process from a child of it), as a clause of the stuck line: the C++ wait that the shut-down
+    connections did not end is what tells its cause. Empty where py-spy is missing or may not read this process."""
+    from trainpod.contract import HANGS_DIR, OUTPUT_DIR_VAR
+
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    spy = spy if os.path.exists(spy) else shutil.which("py-spy")
+    if not spy:
+        return ""
+    try:
+        text = subprocess.run([spy, "dump", "--native", "--pid", str(os.getpid())], capture_output=True, text=True,
+                              timeout=STUCK_S).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    where = ""
+    main = re.search(rf'^Thread {os.getpid()} .*\n((?:[ \t]+.*\n?)*)', text, re.M)
+    if main:
+        native = [line.strip().rsplit(" (", 1)[0] for line in main.group(1).splitlines() if re.search(r"\(lib(torch|gloo|c10)", line)]
+        names = [re.sub(r"\(.*", "", name)[:100] for name in native if "pybind11" not in name][:4]
+        where = f", waiting in {', called from '.join(names)}" if names else ""
+    output = os.environ.get(OUTPUT_DIR_VAR, "").strip()
+    if output and text:
+        path = os.path.join(output, HANGS_DIR, f"{time.strftime('%Y%m%dT%H%M%S')}-rank{os.environ.get('RANK')}-stuck.txt")
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as handle:
+                handle.write(text)
+            where += f" (every thread's stack: {path})"
+    return where
 
 
 def _where(thread: threading.Thread) -> tuple[int, int, str] | None:

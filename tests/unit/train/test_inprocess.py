@@ -2,6 +2,7 @@
 tests/integration/test_inprocess_recovery.py)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fixtures.ports import free_port  # noqa: E402
-from trainpod.contract import INPROCESS_GENERATION_VAR  # noqa: E402
+from trainpod.contract import HANGS_DIR, INPROCESS_GENERATION_VAR, OUTPUT_DIR_VAR  # noqa: E402
 from trainpod.train import inprocess  # noqa: E402
 
 
@@ -203,14 +204,16 @@ def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the
 
 
 STUCK = textwrap.dedent("""
-    import hashlib, os, sys, time
+    import hashlib, sys
     from trainpod.train import inprocess
 
     inprocess.STUCK_S = 1.0
     inprocess.init_process_group("gloo")  # a group of 1 whose keeper's store the test hosts
     print("formed", flush=True)
-    if sys.argv[1] == "idle":  # blocked in a call that nothing ends, as a collective the shut-down connections did not
-        os.read(os.open(os.environ["FIFO"], os.O_RDONLY), 1)
+    if sys.argv[1] == "idle":  # blocked in a C++ wait that nothing ends, as a collective the shut-down connections did not
+        import torch
+
+        torch.futures.Future().wait()
     else:  # one long call that computes (the GIL released), as a long backward pass
         hashlib.pbkdf2_hmac("sha256", b"p", b"s", int(sys.argv[2]))
     print("done", flush=True)
@@ -224,13 +227,12 @@ def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_gi
     import time
 
     store, port = store
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
     started = time.monotonic()
     hashlib.pbkdf2_hmac("sha256", b"p", b"s", 100_000)
     rounds = int(100_000 * 4.0 / (time.monotonic() - started))  # about 4 s of this machine's CPU: four STUCK_S
-    rank = subprocess.Popen([sys.executable, "-c", STUCK, main, str(rounds)], env=rank_env(port, FIFO=str(fifo)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    rank = subprocess.Popen([sys.executable, "-c", STUCK, main, str(rounds)],
+                            env=rank_env(port, **{OUTPUT_DIR_VAR: str(tmp_path / "out")}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert rank.stdout.readline() == "formed\n"
         store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of a killed rank does
@@ -239,8 +241,13 @@ def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_gi
         rank.kill()
     if main == "idle":
         assert rank.returncode == -9, (out, err)
-        assert err.strip().splitlines()[-1].startswith("trainpod: rank 0: still idle in <module> (<string>:")
-        assert err.strip().endswith("1s after its group was given up: the rank ends, and its keeper replaces it")
+        line = err.strip().splitlines()[-1]
+        assert line.startswith("trainpod: rank 0: still idle in wait (") and " 1s after its group was given up" in line, err
+        assert line.endswith(": the rank ends, and its keeper replaces it"), err
+        if shutil.which("py-spy"):  # the C++ wait, and every thread's stack in the output's hangs/
+            assert ", waiting in torch::jit::PythonFutureWrapper::wait" in line, line
+            (dump,) = (tmp_path / "out" / HANGS_DIR).glob("*-rank0-stuck.txt")
+            assert f"(every thread's stack: {dump})" in line and "MainThread" in dump.read_text(), line
     else:
         assert (rank.returncode, out) == (0, "done\n"), err
 
