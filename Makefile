@@ -298,7 +298,8 @@ INTEGRATION_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: setup images lint ## provision, build the images, lint, then the unit tests, then the integration tests (but the CUDA images')
 	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not cuda_images" $(PYTEST_ARGS)
-	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup -m "not cuda_images" --durations=25 $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not cuda_images" \
+		--durations=25 $(PYTEST_ARGS)
 
 # The CUDA images without a GPU (tests/integration/test_cuda_images.py): built, then smoke-tested.
 # CI runs it after `make test`, with Apex's source from ../shared/vendor and only the Apex extensions

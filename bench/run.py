@@ -38,6 +38,8 @@
    and restart.
 17. Peer copies (bench/peer_copies.py, on this host): a checkpoint's save without and with --peer-copies, and its load
    from the disk and from a peer's memory.
+18. A node while its ranks train (bench/idle.py, on this host): the CPU of a 2-node job's launch layers and etcd
+   while its paced ranks wait, `trainpod run` vs bare torchrun with the same rendezvous.
 """
 
 from __future__ import annotations
@@ -181,6 +183,7 @@ def main() -> int:
     subprocess.run([sys.executable, str(HERE / "metrics.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "recovery_scale.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "peer_copies.py")], check=True)  # records its own section
+    subprocess.run([sys.executable, str(HERE / "idle.py")], check=True)  # records its own section
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()

@@ -1,9 +1,43 @@
+import json
+import re
+import statistics
+from pathlib import Path
+
 import pytest
 
 from fixtures.docker_env import require_docker
 from fixtures.etcd import etcd, etcd_v2  # noqa: F401 (pytest fixtures: one etcd per module that asks)
 
+# Each test's seconds in a whole `make test` run (tests/plugins/timeline.py writes it with TP_DURATIONS).
+DURATIONS = Path(__file__).with_name("durations.json")
+
 
 @pytest.fixture(scope="session")
 def docker_ready():
     require_docker()
+
+
+def pytest_collection_modifyitems(items):
+    """The longest work first: make test's workers (pytest-xdist, --dist loadgroup --no-loadscope-reorder) take the
+    work units (an xdist_group's tests, else one test) in this order, so that no long test starts last while the other
+    workers have run out (in collection order, the soak started at 862 s of 1,052 and one worker ran alone for the last
+    54). A unit's length is its tests' seconds in durations.json; a test not in it counts as the median. The tests of a
+    unit keep their order."""
+    try:
+        known = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    typical = statistics.median(known.values()) if known else 0.0
+    units: dict[str, float] = {}
+    unit_of = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        name = (group.args[0] if group.args else group.kwargs.get("name")) if group else None
+        unit_of[item] = unit = f"@{name}" if name else item.nodeid
+        nodeid = re.sub(r"@[^@\]]*$", "", item.nodeid) if name else item.nodeid
+        units[unit] = units.get(unit, 0.0) + known.get(nodeid, typical)
+    order = {item: index for index, item in enumerate(items)}
+    first = {}
+    for item in items:
+        first.setdefault(unit_of[item], order[item])
+    items.sort(key=lambda item: (-units[unit_of[item]], first[unit_of[item]], order[item]))  # a unit's tests together

@@ -5,11 +5,17 @@ separated: the worker, the start and end as Unix times, the test's id, including
 the run's end prints a summary of FILE: the seconds with 1, 2, ... workers busy, and the tests that ran last.
 
     make test PYTEST_ARGS="-p plugins.timeline" TP_TIMELINE=/tmp/timeline.tsv
+
+With TP_DURATIONS=FILE too, the run's end also writes each integration test's seconds to FILE as JSON (its id without
+xdist's `@group`): tests/integration/durations.json, from which the integration layer starts its longest work first
+(tests/integration/conftest.py). Refresh it from a whole `make test` run when tests come or go, or change length.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 
 import pytest
@@ -53,3 +59,11 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line("seconds with N workers busy: " + ", ".join(f"{n}: {s}" for n, s in sorted(busy.items())))
     for start, end, worker, nodeid in sorted(rows, key=lambda r: r[1])[-8:]:
         terminalreporter.write_line(f"{worker:>5} {start - first:7.0f} s to {end - first:7.0f} s  {nodeid}")
+    durations = os.environ.get("TP_DURATIONS")
+    integration = {re.sub(r"@[^@\]]*$", "", nodeid): round(end - start, 1) for start, end, _, nodeid in rows
+                   if nodeid.startswith("tests/integration/")}
+    if durations and integration:
+        with open(durations, "w") as out:
+            json.dump(dict(sorted(integration.items())), out, indent=0)
+            out.write("\n")
+        terminalreporter.write_line(f"durations of {len(integration)} integration tests: {durations}")
