@@ -232,6 +232,17 @@ def say_recoveries(what: str, recoveries: list) -> None:
           + ", ".join(f"{seconds:.2f} s" for seconds in recoveries) + " (from the kill's exec returning)")
 
 
+# Each stack file of a rank ended as stuck (<output>/hangs/*-stuck.txt): its threads' frames from torch, gloo and c10.
+STUCK_STACKS = """
+import glob, re
+for path in sorted(glob.glob('/workspace/output/hangs/*-stuck.txt')):
+    print('---', path)
+    for line in open(path):
+        if line.startswith('Thread ') or re.search(r'[(]lib(torch|gloo|c10)|[.]py:[0-9]+[)]$', line):
+            print(line.rstrip()[:160])
+"""
+
+
 def in_volume(job: ComposeJob, script: str) -> str:
     """Run a Python script in a fresh node1 container, with the job's volume mounted."""
     return job.compose("run", "--rm", "--no-deps", "-T", "node1", "python3", "-c", script).stdout
@@ -271,10 +282,12 @@ def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_
     for rank, before, after in pids:
         assert after[rank] != before[rank], (rank, before, after)
         changed = {r: (before[r][1], after[r][1]) for r in range(4) if r != rank and after[r] != before[r]}
-        if changed:  # the same processes; else which rank changed, and the job's own account of it (untruncated)
+        if changed:  # the same processes; else which rank changed, the job's own account of it (untruncated), and the
+            # native stacks of a rank that the stuck-rank watch ended (trainpod.train.inprocess): where its collective waited
             pytest.fail(f"rank {rank} killed; survivors' pids changed: {changed}\n"
                         + "\n".join(line for line in (job.logs("node0") + job.logs("node1")).splitlines()
-                                     if not re.search(r"\] epoch \d+/\d+ step \d+/", line))[-12000:])
+                                     if not re.search(r"\] epoch \d+/\d+ step \d+/", line))[-12000:]
+                        + "\n" + in_volume(job, STUCK_STACKS)[-8000:])
     metrics = finish(job)
     say_recoveries("in-process recovery, ", recoveries)
     log = job.logs("node0") + job.logs("node1")
