@@ -29,9 +29,10 @@ TIMEOUT = 10
 MARK = re.compile(r"hang-job: rank (\d+) hang starts.* at ([0-9.]+)")
 HANG_LINE = re.compile(r"^\[node0\] trainpod: hang: .*$", re.M)
 # A stopped example rank's innermost frame outside torch. Where a SIGSTOP lands is chance: the training
-# loop, its checkpoint's gather (TrainState.save), the pre-emption vote... Any frame of the example or of
+# loop, its checkpoint's gather (TrainState.save), the pre-emption vote, a paced job's sleep between two steps
+# (the failpoint pace, trainpod/failpoints.py: a CI run stopped rank 2 there)... Any frame of the example or of
 # the library it imports is right; a torch frame, or none, is not.
-STOPPED_AT = r"(?:examples/\w+\.py|train/[\w/]+\.py):\d+ in [\w.]+"
+STOPPED_AT = r"(?:examples/\w+\.py|train/[\w/]+\.py|trainpod/failpoints\.py):\d+ in [\w.]+"
 
 
 class Job:
