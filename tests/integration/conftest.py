@@ -1,9 +1,9 @@
 import json
-import re
 import statistics
 from pathlib import Path
 
 import pytest
+from plugins.timeline import without_group
 
 from fixtures.docker_env import require_docker
 from fixtures.etcd import etcd, etcd_v2  # noqa: F401 (pytest fixtures: one etcd per module that asks)
@@ -34,8 +34,7 @@ def pytest_collection_modifyitems(items):
         group = item.get_closest_marker("xdist_group")
         name = (group.args[0] if group.args else group.kwargs.get("name")) if group else None
         unit_of[item] = unit = f"@{name}" if name else item.nodeid
-        nodeid = re.sub(r"@[^@\]]*$", "", item.nodeid) if name else item.nodeid
-        units[unit] = units.get(unit, 0.0) + known.get(nodeid, typical)
+        units[unit] = units.get(unit, 0.0) + known.get(without_group(item.nodeid) if name else item.nodeid, typical)
     order = {item: index for index, item in enumerate(items)}
     first = {}
     for item in items:

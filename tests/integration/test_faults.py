@@ -7,6 +7,7 @@ trainpod.rendezvous.node_order), so its step
 lines, its checkpoints (on the volume both nodes mount) and its metrics line are node0's.
 """
 
+import json
 import os
 import random
 import re
@@ -16,6 +17,7 @@ import time
 
 import pytest
 
+from fixtures import stuck_stacks
 from fixtures.docker_env import REPO, WARM_RANKS, ComposeJob, find_rank, run
 from fixtures.once import once
 
@@ -232,14 +234,10 @@ def say_recoveries(what: str, recoveries: list) -> None:
           + ", ".join(f"{seconds:.2f} s" for seconds in recoveries) + " (from the kill's exec returning)")
 
 
-# Each stack file of a rank ended as stuck (<output>/hangs/*-stuck.txt): its threads' frames from torch, gloo and c10.
-STUCK_STACKS = """
-import glob, re
-for path in sorted(glob.glob('/workspace/output/hangs/*-stuck.txt')):
-    print('---', path)
-    for line in open(path):
-        if line.startswith('Thread ') or re.search(r'[(]lib(torch|gloo|c10)|[.]py:[0-9]+[)]$', line):
-            print(line.rstrip()[:160])
+# The stack files of the ranks ended as stuck, as JSON (file name -> text), for fixtures.stuck_stacks.report.
+STUCK_STACKS = f"""
+import glob, json, os
+print(json.dumps({{os.path.basename(p): open(p).read() for p in glob.glob('/workspace/output/hangs/{stuck_stacks.PATTERN}')}}))
 """
 
 
@@ -287,7 +285,7 @@ def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_
             pytest.fail(f"rank {rank} killed; survivors' pids changed: {changed}\n"
                         + "\n".join(line for line in (job.logs("node0") + job.logs("node1")).splitlines()
                                      if not re.search(r"\] epoch \d+/\d+ step \d+/", line))[-12000:]
-                        + "\n" + in_volume(job, STUCK_STACKS)[-8000:])
+                        + "\n" + stuck_stacks.report(json.loads(in_volume(job, STUCK_STACKS) or "{}")))
     metrics = finish(job)
     say_recoveries("in-process recovery, ", recoveries)
     log = job.logs("node0") + job.logs("node1")

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fixtures import stuck_stacks
 from fixtures.ports import free_port
 
 pytest.importorskip("torch")
@@ -70,14 +71,8 @@ def said(log: str) -> str:
 
 
 def stuck(out: Path) -> str:
-    """The native stacks of every rank that trainpod.train.inprocess ended as stuck (<output>/hangs/*-stuck.txt), each
-    thread's frames from torch, gloo and c10 only."""
-    texts = []
-    for dump in sorted((out / "out" / "hangs").glob("*-stuck.txt")):
-        lines = [line for line in dump.read_text().splitlines()
-                 if line.startswith("Thread ") or re.search(r"\(lib(torch|gloo|c10)|\.py:\d+\)$", line)]
-        texts.append(f"--- {dump.name}\n" + "\n".join(line[:160] for line in lines))
-    return "\n".join(texts)[-8000:]
+    """The native stacks of every rank that trainpod.train.inprocess ended as stuck (fixtures.stuck_stacks)."""
+    return stuck_stacks.report({dump.name: dump.read_text() for dump in (out / "out" / "hangs").glob(stuck_stacks.PATTERN)})
 
 
 def metrics(out: Path) -> dict:

@@ -23,6 +23,11 @@ import pytest
 _SESSION_START = time.time()  # the summary shows this run's tests only (make test's two layers share FILE)
 
 
+def without_group(nodeid: str) -> str:
+    """A test's id without the `@group` that pytest-xdist's --dist loadgroup appends (durations.json's keys)."""
+    return re.sub(r"@[^@\]]*$", "", nodeid)
+
+
 def _path() -> str | None:
     return os.environ.get("TP_TIMELINE") or None
 
@@ -60,7 +65,7 @@ def pytest_terminal_summary(terminalreporter):
     for start, end, worker, nodeid in sorted(rows, key=lambda r: r[1])[-8:]:
         terminalreporter.write_line(f"{worker:>5} {start - first:7.0f} s to {end - first:7.0f} s  {nodeid}")
     durations = os.environ.get("TP_DURATIONS")
-    integration = {re.sub(r"@[^@\]]*$", "", nodeid): round(end - start, 1) for start, end, _, nodeid in rows
+    integration = {without_group(nodeid): round(end - start, 1) for start, end, _, nodeid in rows
                    if nodeid.startswith("tests/integration/")}
     if durations and integration:
         with open(durations, "w") as out:
