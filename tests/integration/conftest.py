@@ -20,8 +20,8 @@ def docker_ready():
 def pytest_collection_modifyitems(items):
     """The longest work first: make test's workers (pytest-xdist, --dist loadgroup --no-loadscope-reorder) take the
     work units (an xdist_group's tests, else one test) in this order, so that no long test starts last while the other
-    workers have run out (in collection order, the soak started at 862 s of 1,052 and one worker ran alone for the last
-    54). A unit's length is its tests' seconds in durations.json; a test not in it counts as the median. The tests of a
+    workers have run out (in collection order the soak, the longest, started near the end, and one worker ran on alone:
+    docs/results.md, "The test suite"). A unit's length is its tests' seconds in durations.json; a test not in it counts as the median. The tests of a
     unit keep their order."""
     try:
         known = json.loads(DURATIONS.read_text())

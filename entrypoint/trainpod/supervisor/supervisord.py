@@ -11,8 +11,8 @@ Here the loop's poll also watches a pipe that Python's C signal handler writes t
 for every signal supervisord handles: SIGCHLD (a child exited: the reap), SIGTERM, SIGINT, SIGHUP. A
 child's exit is reaped at once and its event dispatched on the next turn (the listener's pipe is
 writable then), and a turn with nothing to do waits the whole second: an idle supervisord wakes once
-a second instead of 20 times (a 50 ms cap on the wait did the same for the start and the exit, at 0.5 %
-of a core per node while the job ran). The first wait is not waited at all: the loop's first turn is
+a second instead of 20 times (a 50 ms cap on the wait did the same for the start and the exit, at a cost
+that bench/idle.py shows). The first wait is not waited at all: the loop's first turn is
 where autostart programs are spawned, and nothing can be ready before it, so the job starts as soon as
 supervisord is up. What still waits for the second are timers that count in seconds anyway (a stop's
 stopwaitsecs before SIGKILL).
