@@ -20,9 +20,9 @@ def docker_ready():
 def pytest_collection_modifyitems(items):
     """The longest work first: make test's workers (pytest-xdist, --dist loadgroup --no-loadscope-reorder) take the
     work units (an xdist_group's tests, else one test) in this order, so that no long test starts last while the other
-    workers have run out (in collection order the soak, the longest, started near the end, and one worker ran on alone:
-    docs/results.md, "The test suite"). A unit's length is its tests' seconds in durations.json; a test not in it counts as the median. The tests of a
-    unit keep their order."""
+    workers have run out (in collection order the soak, the longest, started near the end, and one worker ran on
+    alone: docs/results.md, "The test suite"). A unit's length is its tests' seconds in durations.json; a test not in
+    it counts as the median. The tests of a unit keep their order."""
     try:
         known = json.loads(DURATIONS.read_text())
     except (OSError, ValueError):
