@@ -287,13 +287,13 @@ docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 # The test suite in layers (issue 25), each on several processes (pytest-xdist): the unit tests first, stopping at
 # the first failure (-x; worksteal evens out their long tail); then the integration tests. The tests that share a
 # module fixture, a compose cluster or a subnet run on one worker, one after another (pytest.mark.xdist_group,
-# --dist loadgroup). Measured on 2 cores (tests/README.md): 3 unit workers beat 2 (which leave the cores idle while
-# tests wait on timers and processes) and 4 (more overhead). 3 integration workers: 2 leave the cores idle while
+# --dist loadgroup). Measured on 2 cores (docs/results.md, "The test suite"): 4 unit workers beat 3, which left the
+# cores idle a fifth of the time while tests waited on timers and processes. 3 integration workers: 2 leave the cores idle while
 # tests wait, and 4 on a slower machine ran 6 times as many processes as cores (load 12-14) and a 3-node compose job
 # there took longer to start than its rendezvous' and checks' bounds; on this one 4 were no faster than 3 (the cores
 # were already busy: docs/results.md, "The test suite"). The integration layer ends with its 25 slowest tests, where
 # the suite's time goes. PYTEST_ARGS: more of pytest's flags, for both layers.
-UNIT_WORKERS ?= 3
+UNIT_WORKERS ?= 4
 INTEGRATION_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: setup images lint ## provision, build the images, lint, then the unit tests, then the integration tests (but the CUDA images')

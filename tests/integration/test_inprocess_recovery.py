@@ -124,7 +124,12 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     only when the ranks that saw it free their group (trainpod.train.inprocess._release)."""
     code, log, before, after = run_and_kill(tmp_path, victim, nproc)
     assert code == 0, log[-4000:]
-    survivors = [r for r in range(nproc) if r != victim]
+    # A survivor whose receive from the victim (or, as the connections were shut down, from a live rank) had begun to
+    # arrive is ended and replaced as well: gloo leaves that receive waiting for the group's timeout (reported).
+    orphaned = stuck_stacks.orphaned(log)
+    if orphaned:
+        print(f"\nrank {victim} of {nproc} killed: survivor(s) {sorted(set(orphaned))} replaced too, for a receive cut mid-message")
+    survivors = [r for r in range(nproc) if r != victim and r not in orphaned]
     assert set(before) == {f"{kind}{r}" for kind in ("rank", "keeper") for r in range(nproc)}, before
     # their own processes (a failure says what the keepers and agent said: which rank was replaced, and why, and the
     # native stacks of a survivor that the stuck-rank watch ended: where its collective waited)
@@ -132,17 +137,18 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     assert after[f"rank{victim}"] != before[f"rank{victim}"]  # a replacement,
     assert all(after[f"keeper{r}"] == before[f"keeper{r}"] for r in range(nproc))  # forked by the same keeper
     assert f"trainpod: rank {victim} (pid {before[f'rank{victim}']}) was killed by SIGKILL: its replacement joins" in log
+    generation = 1 + len(orphaned)  # each rank that died counts one
     for survivor in survivors:
-        assert re.search(rf"rank {survivor}: .*: a rank was replaced, the group re-formed in-process \(generation 1\)",
-                         log), log[-4000:]
+        assert re.search(rf"rank {survivor}: .*: a rank was replaced, the group re-formed in-process \(generation "
+                         rf"{generation}\)", log), log[-4000:]
     assert GROUP_RESTART not in log  # the agent never restarted the worker group
     resumed = re.findall(r"resumed from the checkpoint of step (\d+).*", log)
     # The checkpoint of step KILL_AT is written beside training: a kill just after its step may precede its commit.
-    assert len(resumed) == 1 and int(resumed[0]) >= KILL_AT - EVERY, resumed
-    if victim != 0:  # rank 0 survived: it restored the checkpoint it kept in memory
+    assert len(resumed) == 1 + len(orphaned) and all(int(step) >= KILL_AT - EVERY for step in resumed), resumed
+    if 0 in survivors:  # rank 0 kept its process: it restored the checkpoint it kept in memory
         assert "(from this process's memory)" in log
     result = metrics(tmp_path)
-    assert result["checksum"] == reference(nproc) and result["in_process_generation"] == 1
+    assert result["checksum"] == reference(nproc) and result["in_process_generation"] == generation
     assert len(set(result["rank_checksums"])) == 1
 
 

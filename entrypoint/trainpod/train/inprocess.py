@@ -20,7 +20,11 @@ Every rank also watches the store (_watch, a thread): once a keeper has counted 
 rank shuts down its own connections in its group (_disconnect), so that a collective it waits in fails
 now even when no peer's failure reaches it (a send that waits on a live peer which has itself left).
 If this rank's main thread then stays where it was, idle, for STUCK_S (a collective that did not end), the
-watch ends the rank with SIGKILL and its keeper replaces it, as any dead rank (_recover_or_end).
+watch ends the rank with SIGKILL and its keeper replaces it, as any dead rank (_recover_or_end). It ends it
+sooner, after ORPHAN_S, when a thread of the rank waits in a receive that gloo can no longer end: gloo's tcp
+transport fails every operation of a connection that closes, except a receive whose message had begun to
+arrive, which waits for the group's timeout (30 min by default). A survivor that was receiving from the dead
+rank, or from a live one when the connections were shut down, is then replaced as well.
 recover() first shuts down this rank's connections in the broken group, so that every peer's pending
 collective with it fails at once, then leaves the group without freeing it (_broken: the group is
 held from the moment it formed, so a script that destroyed it already cannot free it either), waits
@@ -63,6 +67,10 @@ COUNTED_KEY = "trainpod/inprocess/counted/{}"  # set by the keeper once it count
 RECOVERY_WAIT_S = 3.0  # after a failed collective, how long a new generation may take to be counted
 REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacement starts, loads its data)
 STUCK_S = 10.0  # after the watch left this rank's group: how long its main thread may stay where it was, idle
+ORPHAN_S = 2.0  # ... and when to look (py-spy, every ORPHAN_S) whether it waits on a receive that nothing can end
+# The wait of a gloo receive: once its message began to arrive, the connection's failure no longer reaches it
+# (gloo/transport/tcp/pair.cc, Pair::signalException, fails the pending operations but not the one being read).
+ORPHANED_RECEIVE = "gloo::transport::tcp::UnboundBuffer::waitRecv"
 _POLL_S = 0.005
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
 
@@ -212,53 +220,81 @@ def _recover_or_end(watched: int) -> None:
     """Wait until this rank has recovered (or ended); end it (SIGKILL, so that its keeper replaces it) if its
     main thread stays where it was when the group was given up, idle, for STUCK_S: in a collective that the
     connections shut down did not end. (Seen under load: DDP's finalize_backward waiting for a bucket's
-    allreduce, while every other rank waited at the next generation.) A main thread that computes there (a
-    long backward pass), or has moved on (its collective failed: to recover()), is let be."""
+    allreduce, while every other rank waited at the next generation.) Every ORPHAN_S of that, it looks at the
+    rank's native stacks, and ends it at once when a thread waits in a receive that gloo no longer ends
+    (ORPHANED_RECEIVE). A main thread that computes there (a long backward pass), or has moved on (its
+    collective failed: to recover()), is let be."""
     main = threading.main_thread()
     stuck_at, cpu, since = _where(main), _cpu_s(main.native_id), time.monotonic()
+    look_at = since + ORPHAN_S
     while generation() == watched:  # until this rank recovered (or ended)
         time.sleep(0.05)
         if stuck_at is None or _where(main) != stuck_at:
             stuck_at = None  # it moved on
-        elif time.monotonic() - since >= STUCK_S:
-            if _cpu_s(main.native_id) - cpu < 0.05 * STUCK_S and generation() == watched:
-                print(f"trainpod: rank {os.environ.get('RANK')}: still idle in {stuck_at[2]} {STUCK_S:g}s after its "
-                      f"group was given up{_native_wait()}: the rank ends, and its keeper replaces it", file=sys.stderr,
-                      flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            cpu, since = _cpu_s(main.native_id), time.monotonic()
+            continue
+        now = time.monotonic()
+        idle = _cpu_s(main.native_id) - cpu < 0.05 * (now - since)
+        if now >= look_at:
+            look_at = now + ORPHAN_S
+            stacks = _native_stacks() if idle and generation() == watched else ""
+            if ORPHANED_RECEIVE in stacks:
+                _end(f"a receive in progress when its group was given up ({ORPHANED_RECEIVE}), which gloo ends only at "
+                     f"the group's timeout, after {now - since:.1f}s idle in {stuck_at[2]}{_kept(stacks)}")
+        if now - since >= STUCK_S:
+            if idle and generation() == watched:
+                stacks = _native_stacks()
+                _end(f"still idle in {stuck_at[2]} {STUCK_S:g}s after its group was given up{_main_wait(stacks)}"
+                     f"{_kept(stacks)}")
+            cpu, since = _cpu_s(main.native_id), now
 
 
-def _native_wait() -> str:
-    """Where this rank's main thread waits below Python, and where every thread's stack went (py-spy --native, which
-    reads this process from a child of it), as a clause of the stuck line: the C++ wait that the shut-down
-    connections did not end is what tells its cause. Empty where py-spy is missing or may not read this process."""
-    from trainpod.contract import HANGS_DIR, OUTPUT_DIR_VAR
+def _end(why: str) -> None:
+    """End this rank with SIGKILL, saying why: its keeper replaces it, as any rank that died."""
+    print(f"trainpod: rank {os.environ.get('RANK')}: {why}: the rank ends, and its keeper replaces it", file=sys.stderr,
+          flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
+
+def _native_stacks() -> str:
+    """Every thread's stack of this process, below Python too (py-spy --native, which reads this process from a child
+    of it); empty where py-spy is missing or may not read this process."""
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     spy = spy if os.path.exists(spy) else shutil.which("py-spy")
     if not spy:
         return ""
     try:
-        text = subprocess.run([spy, "dump", "--native", "--pid", str(os.getpid())], capture_output=True, text=True,
+        return subprocess.run([spy, "dump", "--native", "--pid", str(os.getpid())], capture_output=True, text=True,
                               timeout=STUCK_S).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    where = ""
-    main = re.search(rf'^Thread {os.getpid()} .*\n((?:[ \t]+.*\n?)*)', text, re.M)
-    if main:
-        native = [line.strip().rsplit(" (", 1)[0] for line in main.group(1).splitlines() if re.search(r"\(lib(torch|gloo|c10)", line)]
-        names = [re.sub(r"\(.*", "", name)[:100] for name in native if "pybind11" not in name][:4]
-        where = f", waiting in {', called from '.join(names)}" if names else ""
+
+
+def _main_wait(stacks: str) -> str:
+    """Where the main thread waits below Python, as a clause of the stuck line: the C++ wait that the shut-down
+    connections did not end is what tells its cause."""
+    main = re.search(rf'^Thread {os.getpid()} .*\n((?:[ \t]+.*\n?)*)', stacks, re.M)
+    if not main:
+        return ""
+    native = [line.strip().rsplit(" (", 1)[0] for line in main.group(1).splitlines() if re.search(r"\(lib(torch|gloo|c10)", line)]
+    names = [re.sub(r"\(.*", "", name)[:100] for name in native if "pybind11" not in name][:4]
+    return f", waiting in {', called from '.join(names)}" if names else ""
+
+
+def _kept(stacks: str) -> str:
+    """Write `stacks` to <output>/hangs/<time>-rank<R>-stuck.txt; where they went, as a clause of the line."""
+    from trainpod.contract import HANGS_DIR, OUTPUT_DIR_VAR
+
     output = os.environ.get(OUTPUT_DIR_VAR, "").strip()
-    if output and text:
-        path = os.path.join(output, HANGS_DIR, f"{time.strftime('%Y%m%dT%H%M%S')}-rank{os.environ.get('RANK')}-stuck.txt")
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as handle:
-                handle.write(text)
-            where += f" (every thread's stack: {path})"
-    return where
+    if not output or not stacks:
+        return ""
+    path = os.path.join(output, HANGS_DIR, f"{time.strftime('%Y%m%dT%H%M%S')}-rank{os.environ.get('RANK')}-stuck.txt")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(stacks)
+    except OSError:
+        return ""
+    return f" (every thread's stack: {path})"
 
 
 def _where(thread: threading.Thread) -> tuple[int, int, str] | None:

@@ -3,6 +3,7 @@ tests/integration/test_inprocess_recovery.py)."""
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -250,6 +251,70 @@ def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_gi
             assert f"(every thread's stack: {dump})" in line and "MainThread" in dump.read_text(), line
     else:
         assert (rank.returncode, out) == (0, "done\n"), err
+
+
+ORPHAN = textwrap.dedent("""
+    import sys, torch
+    from trainpod.train import inprocess
+
+    inprocess.STUCK_S = 60.0  # within the test's bounds only the look for a receive that gloo no longer ends can end it
+    inprocess.init_process_group("gloo")
+    data = torch.zeros(16 * 2**20)  # 64 MiB: far more than the two sockets buffer while the receiver is stopped
+    if sys.argv[1] == "0":
+        work = torch.distributed.irecv(data, 1)  # posted (its peer is told) before irecv returns
+        print("posted", flush=True)
+        try:
+            work.wait()
+            print("received", flush=True)
+        except RuntimeError as error:
+            print("failed:", inprocess.gist(error), flush=True)
+    else:
+        print("formed", flush=True)
+        sys.stdin.readline()
+        print("sending", flush=True)
+        torch.distributed.send(data, 0)
+""")
+
+
+@pytest.mark.skipif(not shutil.which("py-spy"), reason="the look at the native stacks needs py-spy")
+def test_a_rank_whose_receive_was_cut_mid_message_ends_without_waiting_out_the_stuck_rank_watch(tmp_path, store):
+    # gloo's tcp transport fails every pending operation of a connection that closes, but not a receive whose message
+    # had begun to arrive: it waits for the group's timeout (30 min). The choreography makes one: the receiver is
+    # stopped, the sender fills both sockets' buffers with the start of its message and is killed, the receiver goes on
+    # to read that start and then the end of the connection. If this rank says "failed: Connection closed" instead,
+    # gloo now fails such a receive at once, and the in-process tests' allowance for it (fixtures.stuck_stacks) can go.
+    import time
+
+    store, port = store
+    env = rank_env(port, world=2, **{OUTPUT_DIR_VAR: str(tmp_path / "out")})
+    ranks = [subprocess.Popen([sys.executable, "-c", ORPHAN, str(rank)], env={**env, "RANK": str(rank)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    try:
+        assert ranks[1].stdout.readline() == "formed\n"
+        assert ranks[0].stdout.readline() == "posted\n"
+        os.kill(ranks[0].pid, signal.SIGSTOP)
+        ranks[1].stdin.write("send\n")
+        ranks[1].stdin.flush()
+        assert ranks[1].stdout.readline() == "sending\n"
+        time.sleep(1.0)  # the sender blocks once the buffers are full
+        ranks[1].kill()
+        ranks[1].wait()
+        os.kill(ranks[0].pid, signal.SIGCONT)
+        store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of the killed rank does
+        started = time.monotonic()
+        out, err = ranks[0].communicate(timeout=30)
+        ended = time.monotonic() - started
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    assert ranks[0].returncode == -9, (out, err)
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"trainpod: rank 0: a receive in progress when its group was given up ({inprocess.ORPHANED_RECEIVE}), "
+                           "which gloo ends only at the group's timeout, after "), err
+    assert line.endswith("-rank0-stuck.txt): the rank ends, and its keeper replaces it"), line
+    assert ended < inprocess.ORPHAN_S + 8, ended  # its first look, on a loaded machine (STUCK_S is 60 s here)
 
 
 def meet_all(store_port: int, starts: list[int], world: int | None = None, timeout_s: float = 30) -> list:
