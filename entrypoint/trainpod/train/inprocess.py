@@ -72,6 +72,7 @@ ORPHAN_S = 2.0  # ... and when to look (py-spy, every ORPHAN_S) whether it waits
 # (gloo/transport/tcp/pair.cc, Pair::signalException, fails the pending operations but not the one being read).
 ORPHANED_RECEIVE = "gloo::transport::tcp::UnboundBuffer::waitRecv"
 _POLL_S = 0.005
+_SPY_S = 10.0  # how long py-spy may take to read this process's stacks (longer on a loaded machine; not STUCK_S, which tests set low)
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
 
 _declared: Any = None  # set by trainpod.agent.keeper in the forked rank: a shared byte the rank sets to say it recovers
@@ -264,7 +265,7 @@ def _native_stacks() -> str:
         return ""
     try:
         return subprocess.run([spy, "dump", "--native", "--pid", str(os.getpid())], capture_output=True, text=True,
-                              timeout=STUCK_S).stdout
+                              timeout=_SPY_S).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
