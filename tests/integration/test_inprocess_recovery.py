@@ -144,7 +144,9 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     assert GROUP_RESTART not in log  # the agent never restarted the worker group
     resumed = re.findall(r"resumed from the checkpoint of step (\d+).*", log)
     # The checkpoint of step KILL_AT is written beside training: a kill just after its step may precede its commit.
-    assert len(resumed) == 1 + len(orphaned) and all(int(step) >= KILL_AT - EVERY for step in resumed), resumed
+    # (Rank 0 says it once per start of training: a rank ended for its receive leaves generation 1 unformed, and the
+    # group forms once, at the next.)
+    assert len(resumed) == 1 and int(resumed[0]) >= KILL_AT - EVERY, resumed
     if 0 in survivors:  # rank 0 kept its process: it restored the checkpoint it kept in memory
         assert "(from this process's memory)" in log
     result = metrics(tmp_path)
