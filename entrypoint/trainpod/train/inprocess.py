@@ -234,16 +234,16 @@ def _recover_or_end(watched: int) -> None:
             stuck_at = None  # it moved on
             continue
         now = time.monotonic()
-        idle = _cpu_s(main.native_id) - cpu < 0.05 * (now - since)
-        if now >= look_at:
+        looking, stuck = now >= look_at, now - since >= STUCK_S
+        if looking:
             look_at = now + ORPHAN_S
-            stacks = _native_stacks() if idle and generation() == watched else ""
-            if ORPHANED_RECEIVE in stacks:
-                _end(f"a receive in progress when its group was given up ({ORPHANED_RECEIVE}), which gloo ends only at "
-                     f"the group's timeout, after {now - since:.1f}s idle in {stuck_at[2]}{_kept(stacks)}")
-        if now - since >= STUCK_S:
-            if idle and generation() == watched:
-                stacks = _native_stacks()
+        idle = _cpu_s(main.native_id) - cpu < 0.05 * (now - since) and generation() == watched
+        stacks = _native_stacks() if idle and (looking or stuck) else ""  # once a turn, for both rules
+        if looking and ORPHANED_RECEIVE in stacks:
+            _end(f"a receive in progress when its group was given up ({ORPHANED_RECEIVE}), which gloo ends only at "
+                 f"the group's timeout, after {now - since:.1f}s idle in {stuck_at[2]}{_kept(stacks)}")
+        if stuck:
+            if idle:
                 _end(f"still idle in {stuck_at[2]} {STUCK_S:g}s after its group was given up{_main_wait(stacks)}"
                      f"{_kept(stacks)}")
             cpu, since = _cpu_s(main.native_id), now
