@@ -33,6 +33,7 @@ command that is `python [-u] SCRIPT ARGS` or `python [-u] -m MODULE ARGS`, `off`
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import multiprocessing
 import os
@@ -203,6 +204,11 @@ def run_rank(kind: str, name: str, *argv: str) -> None:
     returns; another exit code leaves as SystemExit, which multiprocessing turns into the exit code.
     With --recovery in-process this process is the rank's keeper, and the rank its child (trainpod.agent.keeper)."""
     orphans.die_with_parent(orphans.RANK_SIGNAL)  # with the server, which dies with the agent (trainpod.agent.warm_server)
+    # What the server imported (torch's hundreds of thousands of objects) lives as long as the rank: out of the
+    # collector's reach, a collection in the rank (Python's own, or in-process recovery's after a failed step)
+    # looks only at what the rank made, and leaves the pages it shares with the server unwritten (Python's
+    # documented use of gc.freeze before a fork without exec).
+    gc.freeze()
     command = [sys.executable, "-u", *(("-m",) if kind == "-m" else ()), name, *argv]
     rank = os.environ.get("RANK", "")
     if os.environ.get(RECOVERY.var) == IN_PROCESS:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (3, 32, 32)
@@ -113,24 +113,51 @@ def load_cifar10(batches_dir: str | os.PathLike) -> tuple[NormalizedImages, Norm
     return load(TRAIN_FILES), load([TEST_FILE])
 
 
-def synthetic_cifar10(train_samples: int = 4096, test_samples: int = 1024, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+class SyntheticImages(Dataset):
+    """A class's prototype plus noise, the noise made when a sample is read: from a generator seeded with the
+    sample's own seed (`first_seed` + its index), so a sample is the same whatever reads it, in any order, in
+    any process, and the set costs no time or memory to make. A rank's start (and a replacement's, in-process
+    recovery: docs/recovery.md) would otherwise spend most of its time, growing with the set, drawing noise for
+    samples that other ranks train on; here each rank draws only its own, one batch at a time."""
+
+    def __init__(self, prototypes: torch.Tensor, labels: torch.Tensor, first_seed: int):
+        self.prototypes = prototypes
+        self.labels = labels
+        self.first_seed = first_seed
+        self._generator = torch.Generator()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        label = self.labels[i]
+        noise = torch.randn(IMAGE_SHAPE, generator=self._generator.manual_seed(self.first_seed + int(i)))
+        # Signal and noise of equal strength, scaled to unit variance per pixel like normalized CIFAR.
+        return (self.prototypes[label] + noise) / 2**0.5, label
+
+    def __getstate__(self) -> dict:  # a DataLoader worker gets its own generator (a Generator does not pickle)
+        return {k: v for k, v in self.__dict__.items() if k != "_generator"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _generator=torch.Generator())
+
+
+def synthetic_cifar10(train_samples: int = 4096, test_samples: int = 1024, seed: int = 0) -> tuple[SyntheticImages, SyntheticImages]:
     """(train, test): each class is a fixed smooth random image, each sample that image plus noise.
 
-    Everything comes from one seeded generator, so every rank (and every run) builds identical
-    tensors without sharing files. Prototypes are drawn at 4x4 and upsampled so that they are
-    spatial patterns a small CNN picks up within an epoch; the noise keeps it from being trivial.
+    Everything comes from `seed`, so every rank (and every run) reads identical samples without sharing files.
+    Prototypes are drawn at 4x4 and upsampled so that they are spatial patterns a small CNN picks up within an
+    epoch; the noise keeps it from being trivial. The labels are drawn here, the noise when read (SyntheticImages).
     """
     g = torch.Generator().manual_seed(seed)
     coarse = torch.randn(NUM_CLASSES, 3, 4, 4, generator=g)
     prototypes = torch.nn.functional.interpolate(coarse, size=IMAGE_SHAPE[1:], mode="bilinear", align_corners=False)
     prototypes = prototypes / prototypes.std()
 
-    def make(n: int) -> TensorDataset:
+    def make(n: int) -> SyntheticImages:
         labels = torch.randint(0, NUM_CLASSES, (n,), generator=g)
-        noise = torch.randn(n, *IMAGE_SHAPE, generator=g)
-        # Signal and noise of equal strength, scaled to unit variance per pixel like normalized CIFAR.
-        images = (prototypes[labels] + noise) / 2**0.5
-        return TensorDataset(images, labels)
+        first_seed = int(torch.randint(0, 1 << 62, (), generator=g))  # the train and test sets' noise apart
+        return SyntheticImages(prototypes, labels, first_seed)
 
     train = make(train_samples)
     return train, make(test_samples)

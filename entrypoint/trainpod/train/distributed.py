@@ -16,7 +16,10 @@ def shutdown(barrier: bool = True) -> None:
     DDP model that holds it) while still holding the GIL, the two wait for each other forever:
     seen with torch 2.13 after all_gather_object. So: a barrier (every rank is done), a short
     sleep (the GIL is free, gloo's thread finishes freeing), then destroy_process_group().
-    After an error pass barrier=False: the other ranks may never arrive. A no-op once shut down.
+    After an error pass barrier=False: the other ranks may never arrive. Then, where in-process recovery holds
+    the group (trainpod.train.inprocess: it is never freed), there is nothing to wait for, and this rank goes
+    on to recover at once: the sleep was on the path from a peer's death to the re-formed group. A no-op once
+    shut down.
     Past the barrier every rank is done: the agent is told (trainpod.train.progress.finished), so a
     node that arrives to join the job now waits for the next run instead of restarting this one.
     """
@@ -29,5 +32,8 @@ def shutdown(barrier: bool = True) -> None:
     if barrier:
         dist.barrier()
         progress.finished()
-    time.sleep(DRAIN_S)
+    from trainpod.train import inprocess
+
+    if barrier or not inprocess.holds_group():
+        time.sleep(DRAIN_S)
     dist.destroy_process_group()

@@ -95,6 +95,15 @@ def enabled() -> bool:
     return INPROCESS_GENERATION_VAR in os.environ
 
 
+def holds_group() -> bool:
+    """Whether the default group is this generation's, which this module holds from the moment it formed (_group)
+    and keeps from ever being freed once given up (_broken): destroying it then frees nothing, so no gloo thread
+    can be left waiting for the GIL (trainpod.train.distributed.shutdown need not wait for them)."""
+    import torch.distributed as dist
+
+    return _group is not None and dist.is_initialized() and _group is dist.group.WORLD
+
+
 def generation() -> int:
     """The group generation this rank belongs to: 0 at the start, one more after each in-process recovery."""
     return int(os.environ.get(INPROCESS_GENERATION_VAR, "0") or 0)

@@ -124,6 +124,17 @@ def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(server,
     assert result.stderr == ""
 
 
+def test_what_the_server_imported_is_out_of_a_warm_ranks_collections(server, tmp_path):
+    # A collection in the rank (in-process recovery's after a failed step, or Python's own) looks only at what the
+    # rank made: torch's objects, imported by the server, are frozen (gc.freeze) and stay collected by none.
+    path = script(tmp_path, """
+        import gc, json
+        print(gc.get_freeze_count() > 1000, any(type(o).__name__ == "JSONDecoder" for o in gc.get_objects()))
+    """)
+    result = run_warm("script", path, env=server)
+    assert result.stdout.splitlines() == ["True False", "exit 0"], result.stderr
+
+
 @pytest.mark.parametrize(("body", "code"), [
     ("import sys; sys.exit()", 0),
     ("import sys; sys.exit(0)", 0),

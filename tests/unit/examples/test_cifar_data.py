@@ -70,10 +70,16 @@ def write_all_batches(directory, n=7):
 # --- synthetic ---------------------------------------------------------------------------------
 
 
+def tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sample of a synthetic set, read one by one as a DataLoader does, stacked."""
+    images, labels = zip(*(dataset[i] for i in range(len(dataset))))
+    return torch.stack(images), torch.stack(labels)
+
+
 def test_synthetic_shapes_dtypes_and_labels():
     train, test = synthetic_cifar10(256, 64, seed=0)
     assert len(train) == 256 and len(test) == 64
-    images, labels = train.tensors
+    images, labels = tensors(train)
     assert images.shape == (256, 3, 32, 32) and images.dtype == torch.float32
     assert labels.shape == (256,) and labels.dtype == torch.int64
     assert int(labels.min()) >= 0 and int(labels.max()) <= 9
@@ -83,7 +89,7 @@ def test_synthetic_shapes_dtypes_and_labels():
 
 
 def test_synthetic_is_normalized_like_cifar():
-    images = synthetic_cifar10(1024, 16, seed=0)[0].tensors[0]
+    images = tensors(synthetic_cifar10(1024, 16, seed=0)[0])[0]
     per_channel = images.transpose(0, 1).reshape(3, -1)
     assert per_channel.mean(dim=1).abs().max() < 0.2
     assert ((per_channel.std(dim=1) - 1).abs() < 0.2).all()
@@ -92,13 +98,24 @@ def test_synthetic_is_normalized_like_cifar():
 def test_synthetic_same_seed_same_tensors():
     a_train, a_test = synthetic_cifar10(128, 32, seed=3)
     b_train, b_test = synthetic_cifar10(128, 32, seed=3)
-    for a, b in zip(a_train.tensors + a_test.tensors, b_train.tensors + b_test.tensors):
+    for a, b in zip(tensors(a_train) + tensors(a_test), tensors(b_train) + tensors(b_test)):
         assert torch.equal(a, b)
 
 
+def test_a_synthetic_sample_is_the_same_in_any_order_and_in_a_copy_of_the_set():
+    # Its noise is made when it is read: the order the sampler reads in, and a DataLoader worker's copy of the
+    # set (pickled), do not change it; the training and test sets' samples differ.
+    train, test = synthetic_cifar10(64, 16, seed=0)
+    forward = [train[i][0] for i in range(len(train))]
+    backward = [train[i][0] for i in reversed(range(len(train)))][::-1]
+    copy = pickle.loads(pickle.dumps(train))
+    assert all(torch.equal(a, b) and torch.equal(a, copy[i][0]) for i, (a, b) in enumerate(zip(forward, backward)))
+    assert not torch.equal(train[0][0], test[0][0])
+
+
 def test_synthetic_different_seeds_differ():
-    a = synthetic_cifar10(128, 32, seed=0)[0].tensors[0]
-    b = synthetic_cifar10(128, 32, seed=1)[0].tensors[0]
+    a = tensors(synthetic_cifar10(128, 32, seed=0)[0])[0]
+    b = tensors(synthetic_cifar10(128, 32, seed=1)[0])[0]
     assert not torch.equal(a, b)
 
 
@@ -106,14 +123,15 @@ def test_synthetic_leaves_global_rng_alone():
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    synthetic_cifar10(64, 16, seed=0)
+    train, _ = synthetic_cifar10(64, 16, seed=0)
+    train[3]  # the noise too
     assert torch.equal(torch.rand(3), expected)
 
 
 def test_synthetic_test_set_shares_the_classes_of_the_training_set():
     # Learnable means: the class means of train and test images agree (the same prototypes).
     train, test = synthetic_cifar10(2048, 1024, seed=0)
-    (xtr, ytr), (xte, yte) = train.tensors, test.tensors
+    (xtr, ytr), (xte, yte) = tensors(train), tensors(test)
     means_tr = torch.stack([xtr[ytr == c].mean(0) for c in range(10)]).flatten(1)
     means_te = torch.stack([xte[yte == c].mean(0) for c in range(10)]).flatten(1)
     nearest = torch.cdist(means_te, means_tr).argmin(dim=1)
