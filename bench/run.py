@@ -38,7 +38,9 @@
    and restart.
 17. Peer copies (bench/peer_copies.py, on this host): a checkpoint's save without and with --peer-copies, and its load
    from the disk and from a peer's memory.
-18. A node while its ranks train (bench/idle.py, on this host): the CPU of a 2-node job's launch layers and etcd
+18. A spare's takeover by world size (bench/spare_scale.py, on this host with a real etcd): a lost node to the first
+   step at the same world again, the survivor and a waiting spare, at 1, 2, 4 and 8 ranks a node.
+19. A node while its ranks train (bench/idle.py, on this host): the CPU of a 2-node job's launch layers and etcd
    while its paced ranks wait, `trainpod run` vs bare torchrun with the same rendezvous.
 """
 
@@ -183,6 +185,7 @@ def main() -> int:
     subprocess.run([sys.executable, str(HERE / "metrics.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "recovery_scale.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "peer_copies.py")], check=True)  # records its own section
+    subprocess.run([sys.executable, str(HERE / "spare_scale.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "idle.py")], check=True)  # records its own section
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:

@@ -6,6 +6,13 @@ import time
 
 # How long the main thread gives up the GIL before tearing the process group down (see shutdown()).
 DRAIN_S = 0.2
+_kept: list = []  # groups whose owner never frees them (kept())
+
+
+def kept(group) -> None:
+    """Say that `group` is never freed (trainpod.train.inprocess holds every group it forms): shutdown() after an
+    error then destroys it without the pause, as destroying it frees nothing."""
+    _kept.append(group)
 
 
 def shutdown(barrier: bool = True) -> None:
@@ -16,10 +23,9 @@ def shutdown(barrier: bool = True) -> None:
     DDP model that holds it) while still holding the GIL, the two wait for each other forever:
     seen with torch 2.13 after all_gather_object. So: a barrier (every rank is done), a short
     sleep (the GIL is free, gloo's thread finishes freeing), then destroy_process_group().
-    After an error pass barrier=False: the other ranks may never arrive. Then, where in-process recovery holds
-    the group (trainpod.train.inprocess: it is never freed), there is nothing to wait for, and this rank goes
-    on to recover at once: the sleep was on the path from a peer's death to the re-formed group. A no-op once
-    shut down.
+    After an error pass barrier=False: the other ranks may never arrive. Then, for a group that is never freed
+    (kept(): in-process recovery's), there is nothing to wait for, and this rank goes on to recover at once: the
+    sleep was on the path from a peer's death to the re-formed group. A no-op once shut down.
     Past the barrier every rank is done: the agent is told (trainpod.train.progress.finished), so a
     node that arrives to join the job now waits for the next run instead of restarting this one.
     """
@@ -32,8 +38,7 @@ def shutdown(barrier: bool = True) -> None:
     if barrier:
         dist.barrier()
         progress.finished()
-    from trainpod.train import inprocess
-
-    if barrier or not inprocess.holds_group():
+    world = dist.group.WORLD
+    if barrier or not any(group is world for group in _kept):
         time.sleep(DRAIN_S)
     dist.destroy_process_group()

@@ -95,15 +95,6 @@ def enabled() -> bool:
     return INPROCESS_GENERATION_VAR in os.environ
 
 
-def holds_group() -> bool:
-    """Whether the default group is this generation's, which this module holds from the moment it formed (_group)
-    and keeps from ever being freed once given up (_broken): destroying it then frees nothing, so no gloo thread
-    can be left waiting for the GIL (trainpod.train.distributed.shutdown need not wait for them)."""
-    import torch.distributed as dist
-
-    return _group is not None and dist.is_initialized() and _group is dist.group.WORLD
-
-
 def generation() -> int:
     """The group generation this rank belongs to: 0 at the start, one more after each in-process recovery."""
     return int(os.environ.get(INPROCESS_GENERATION_VAR, "0") or 0)
@@ -172,7 +163,10 @@ def _formed() -> None:
     global _group
     import torch.distributed as dist
 
+    from trainpod.train import distributed
+
     _group = dist.group.WORLD
+    distributed.kept(_group)  # never freed here: its shutdown after a failed step need not wait for gloo's threads
 
 
 def _give_up() -> None:
