@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -102,6 +101,7 @@ from trainpod.rendezvous import exclusions, node_order
 from trainpod.runspec import RunSpec
 from trainpod.supervisor import oom, orphans, restarts, supervise
 from trainpod.train import progress
+from trainpod.train.distributed import PEER_LOST
 
 _current: AgentPolicy | None = None
 
@@ -139,8 +139,6 @@ SERVER_DEATH_WAIT_S = 2.0  # a fork server whose pipes closed is dying: at most 
 LOST_STATUS = 255  # what multiprocessing reports of a rank whose fork server died (it alone could send the status)
 SERVER_MARK = "trainpod_fork_server"  # on a ProcessFailure made for a fork server that died: (pid, its status)
 LEFT_WHERE = "a rank exited 0 while the others were still training"
-# What a rank's stderr says when a peer it shared a collective with went away (gloo, NCCL, the c10d store)
-_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote worker crash|Broken pipe|ProcessGroupNCCL.*(Watchdog|timed? ?out)")
 
 
 def _exited_zero(pcontext) -> set[int]:
@@ -166,7 +164,7 @@ def _lost_a_peer(stderr: str | None, where: str) -> bool:
         with open(stderr or "", "rb") as file:
             file.seek(0, os.SEEK_END)
             file.seek(max(0, file.tell() - restarts.TAIL_BYTES))
-            return _PEER_LOST.search(file.read().decode("utf-8", errors="replace")) is not None
+            return PEER_LOST.search(file.read().decode("utf-8", errors="replace")) is not None
     except OSError:
         return False
 

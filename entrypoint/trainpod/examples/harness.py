@@ -444,14 +444,28 @@ def train_rank(recipe: Recipe, args: Values, grace: float, started: float) -> in
             return train(recipe, args, grace, started, run)
         except RuntimeError as error:  # a collective failed: with in-process recovery, a peer may have died
             if not inprocess.enabled():
-                raise
+                return peer_lost(recipe, rank, error)
             if checkpointer is not None and rank == 0:
                 with contextlib.suppress(CheckpointError):
                     checkpointer.wait()  # on disk before any rank looks for the newest checkpoint
-            generation = inprocess.recover(error, args.backend, process_group_device(args.backend, device))
+            try:
+                generation = inprocess.recover(error, args.backend, process_group_device(args.backend, device))
+            except RuntimeError as unrecovered:  # no replacement came: the agent restarts the group, or stops
+                return peer_lost(recipe, rank, unrecovered)
             print(f"{recipe.name}: rank {rank}: {inprocess.gist(error)}: a rank was replaced, the group re-formed "
                   f"in-process (generation {generation})", file=sys.stderr, flush=True)
             set_rng_state(run.rng_after_data)  # where a replacement stands when it builds its model
+
+
+def peer_lost(recipe: Recipe, rank: int, error: RuntimeError) -> int:
+    """A collective that failed because a peer went away: one line and exit 1 (what the traceback's exit would be),
+    and the agent of the rank that ended says why (a signal, the OOM killer, its exit code), on whichever node. Any
+    other error goes on up, with its traceback."""
+    if not distributed.peer_lost(error):
+        raise error
+    print(f"{recipe.name}: rank {rank}: {inprocess.gist(error)}: a peer rank went away (its agent says why)",
+          file=sys.stderr, flush=True)
+    return 1
 
 
 @dataclass

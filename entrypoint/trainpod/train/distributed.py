@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 # How long the main thread gives up the GIL before tearing the process group down (see shutdown()).
 DRAIN_S = 0.2
 _kept: list = []  # groups whose owner never frees them (kept())
+# What a collective's error says when a peer it shared the collective with went away (gloo, NCCL, the c10d store)
+PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote worker crash|Broken pipe|ProcessGroupNCCL.*(Watchdog|timed? ?out)")
 
 
 def kept(group) -> None:
@@ -42,3 +45,9 @@ def shutdown(barrier: bool = True) -> None:
     if barrier or not any(group is world for group in _kept):
         time.sleep(DRAIN_S)
     dist.destroy_process_group()
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether `error`, from a collective, says that a peer went away (its process ended, its connection closed):
+    then its rank's agent says why (a signal, the OOM killer, its exit code), and this rank's traceback adds nothing."""
+    return PEER_LOST.search(str(error)) is not None

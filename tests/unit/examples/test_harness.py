@@ -262,3 +262,32 @@ def test_the_harness_steps_an_optimizer_whose_zero_grad_takes_no_keyword(tmp_pat
                         lambda self, name, params, lr, weight_decay=0.0: _ZeroGradWithoutKeywords(params, lr=lr))
     assert cifar10.main(["--max-steps", "2", "--batch-size", "8", "--synthetic-samples", "64",
                          "--output-dir", str(tmp_path)]) == 0
+
+
+# --- a peer that went away: one line, never a traceback ---
+
+
+def test_a_rank_whose_peer_went_away_says_so_in_one_line_and_exits_1(tmp_path):
+    # Rank 1 fails at step 3 (its own traceback: its error); rank 0's next collective fails on the closed connection.
+    # The agent names the rank that ended and why; rank 0's traceback said nothing more (a 30-line wall at every lost
+    # peer, or OOM-killed rank, in the job's output). Its line still tells the agent's policy that it only lost a peer.
+    import sys
+
+    from fixtures.ports import free_port
+    from trainpod.agent import policy
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+           "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "trainpod.examples.cifar10", "--synthetic-samples", "256", "--batch-size", "8",
+               "--epochs", "1", "--output-dir", str(tmp_path)]
+    ranks = [subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                            **({"TRAINPOD_FAILPOINTS": "crash@3"} if rank else {})},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    (_, err0), (_, err1) = (rank.communicate(timeout=120) for rank in ranks)
+    assert [rank.returncode for rank in ranks] == [1, 1], err0 + err1
+    assert "Traceback" in err1 and "failpoint crash@3" in err1  # its own error, in full
+    assert "Traceback" not in err0, err0
+    lines = err0.strip().splitlines()
+    assert re.fullmatch(r"cifar10-ddp: rank 0: .*Connection (closed|reset) by peer.*: a peer rank went away \(its agent "
+                        r"says why\)", lines[-1]), err0
+    assert policy.PEER_LOST.search(lines[-1])
