@@ -130,8 +130,9 @@ class SyntheticImages(Dataset):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        label = self.labels[i]
-        noise = torch.randn(IMAGE_SHAPE, generator=self._generator.manual_seed(self.first_seed + int(i)))
+        index = range(len(self.labels))[i]  # a negative index as a tensor's; past the end, IndexError
+        label = self.labels[index]
+        noise = torch.randn(IMAGE_SHAPE, generator=self._generator.manual_seed(self.first_seed + index))
         # Signal and noise of equal strength, scaled to unit variance per pixel like normalized CIFAR.
         return (self.prototypes[label] + noise) / 2**0.5, label
 

@@ -111,6 +111,9 @@ def test_a_synthetic_sample_is_the_same_in_any_order_and_in_a_copy_of_the_set():
     copy = pickle.loads(pickle.dumps(train))
     assert all(torch.equal(a, b) and torch.equal(a, copy[i][0]) for i, (a, b) in enumerate(zip(forward, backward)))
     assert not torch.equal(train[0][0], test[0][0])
+    assert torch.equal(train[-1][0], train[len(train) - 1][0])  # indexed as a tensor is
+    with pytest.raises(IndexError):
+        train[len(train)]
 
 
 def test_synthetic_different_seeds_differ():
