@@ -29,7 +29,8 @@ import results_page
 from fixtures.elastic_host import EXAMPLE_ARGS, clean_env, scale_down, trainpod_argv
 
 TIMEOUT_S = 600
-SAMPLES, BATCH = 512, 64  # EXAMPLE_ARGS'
+SAMPLES = int(EXAMPLE_ARGS[EXAMPLE_ARGS.index("--synthetic-samples") + 1])
+BATCH = int(EXAMPLE_ARGS[EXAMPLE_ARGS.index("--batch-size") + 1])
 STEPS_AT_2N = 40  # steps of the whole run at world 2N: time for the spare to start and wait before the loss
 STEP_LINE = re.compile(r"step (\d+)/\d+ .* ([\d.]+) samples/s")
 
@@ -39,14 +40,12 @@ def argv(backend: str, endpoint: str, workdir: Path, nproc: int) -> list[str]:
     made = trainpod_argv(backend, endpoint, workdir)
     made[made.index("--nproc-per-node") + 1] = str(nproc)
     steps_per_epoch = math.ceil(math.ceil(SAMPLES / (2 * nproc)) / BATCH)
-    assert ("--synthetic-samples", str(SAMPLES)) == EXAMPLE_ARGS[:2] and ("--batch-size", str(BATCH)) == EXAMPLE_ARGS[4:6]
     return [*made, "--epochs", str(STEPS_AT_2N // steps_per_epoch)]  # the last --epochs wins
 
 
-def steady_step(nodes, world: int) -> float | None:
+def steady_step(node, world: int) -> float | None:
     """The job's steady step at `world`: the global batch over rank 0's samples/s (each step line's), median."""
-    steps = [BATCH * world / float(m.group(2)) for node in nodes for m in STEP_LINE.finditer(node.text())
-             if float(m.group(2)) > 0]
+    steps = [BATCH * world / float(m.group(2)) for m in STEP_LINE.finditer(node.text()) if float(m.group(2)) > 0]
     return statistics.median(steps) if steps else None
 
 
@@ -62,10 +61,10 @@ def measure(nprocs: list[int], backends: list[str], rounds: int) -> dict:
                     for round_ in range(rounds):
                         endpoint, lose = job_endpoint()
                         workdir = Path(tmp, f"{backend}-{nproc}-{round_}")
-                        node = [*argv(backend, endpoint, workdir, nproc)]  # every node's command, the same
+                        command = argv(backend, endpoint, workdir, nproc)  # every node's, the same
                         try:
-                            result = scale_down(lambda node=node: list(node), clean_env(), workdir, TIMEOUT_S, lose=lose,
-                                                spare=True, steps=2 * STEPS_AT_2N)
+                            result = scale_down(lambda command=command: list(command), clean_env(), workdir, TIMEOUT_S,
+                                                lose=lose, spare=True, steps=2 * STEPS_AT_2N)
                         except AssertionError as error:
                             print(f"bench-spare-scale: {backend} {2 * nproc} ranks: {str(error)[-3000:]}", file=sys.stderr)
                             result = {"survivor_code": None, "recovery_s": None}
@@ -74,7 +73,7 @@ def measure(nprocs: list[int], backends: list[str], rounds: int) -> dict:
                             print(f"bench-spare-scale: {backend} {2 * nproc} ranks: no takeover (exit {result['survivor_code']}):\n"
                                   + result["survivor"].text()[-3000:], file=sys.stderr)
                         runs.append(result["recovery_s"] if ok else float("nan"))
-                        if ok and (step := steady_step([result["survivor"]], 2 * nproc)) is not None:
+                        if ok and (step := steady_step(result["survivor"], 2 * nproc)) is not None:
                             steps.append(step)
                         print(f"  {backend}, {2 * nproc} ranks, round {round_ + 1}: "
                               + (f"{runs[-1]:.2f} s" if ok else "failed"), file=sys.stderr, flush=True)
