@@ -42,6 +42,8 @@
    step at the same world again, the survivor and a waiting spare, at 1, 2, 4 and 8 ranks a node.
 19. A node while its ranks train (bench/idle.py, on this host): the CPU of a 2-node job's launch layers and etcd
    while its paced ranks wait, `trainpod run` vs bare torchrun with the same rendezvous.
+20. DDP's gradient buckets (bench/ddp_buckets.py, on this host): a rank's CPU a step of the CIFAR-10 model on gloo
+   with one bucket per parameter and with trainpod.train.distributed.reproducible_ddp, both resumed bit-identically.
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ def main() -> int:
     subprocess.run([sys.executable, str(HERE / "peer_copies.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "spare_scale.py")], check=True)  # records its own section
     subprocess.run([sys.executable, str(HERE / "idle.py")], check=True)  # records its own section
+    subprocess.run([sys.executable, str(HERE / "ddp_buckets.py")], check=True)  # records its own section
     subprocess.run([*COMPOSE, "up", "-d", "--no-build"], check=True, capture_output=True)
     try:
         launcher = bench_launcher()

@@ -151,31 +151,51 @@ PROGRESS_FILES = "/tmp/trainpod-supervisor-*/progress/rank[0-9]"  # trainpod.tra
 
 
 class ArmedKill:
-    """A `docker exec` in `container`, started ahead, that SIGKILLs global rank `rank` (or `pid`) once a rank of that
-    node reports step `step` (trainpod.train.progress, within 20 ms), then exits. Timing the kill from here lands it
-    late: an exec takes seconds to start on a loaded machine and `compose logs -f` lagged steps behind, while the job
-    trained on (a kill meant for step 13 met the failpoint at step 24). Without `pid`, the one shell finds the rank
-    (fixtures.docker_env.find_rank; a zombie is none) when it kills, again while there is none, as between two worker
-    groups: a pid looked up before could be an earlier group's."""
+    """A `docker exec` in `container` that SIGKILLs global rank `rank` once a rank of that node reports the step given to
+    arm() (trainpod.train.progress, within 20 ms), then exits. Timing the kill from here lands it late: an exec takes
+    seconds to start on a loaded machine and `compose logs -f` lagged steps behind, while the job trained on (a kill
+    meant for step 13 met the failpoint at step 24). So the exec is started before its step is known (kill_ranks
+    starts the next one as soon as the last is armed) and reads the step from its stdin: it is already running when
+    the test learns the step, and a job that trains 12 short steps from that moment to its end cannot finish before
+    the exec has started (it did once, on a loaded machine, and the kill never came). Given no `pid`, the one shell
+    finds the rank (fixtures.docker_env.find_rank; a zombie is none) when it kills, again while there is none, as
+    between two worker groups: a pid looked up before could be an earlier group's."""
 
-    def __init__(self, container: str, rank: int, step: int, pid: str | None = None, timeout_s: int = 120):
-        kill = (f"kill -9 {pid} && exit 0" if pid else
-                f"for pid in $({find_rank(rank)}); do "
+    def __init__(self, container: str, rank: int, timeout_s: int = 120):
+        find = (f"for pid in $({find_rank(rank)}); do "
                 "case $(sed -n 's/.*) \\(.\\).*/\\1/p' /proc/$pid/stat 2>/dev/null) in Z|X|'') continue;; esac; "
                 "kill -9 $pid 2>/dev/null && exit 0; done")
-        script = (f"end=$(($(date +%s) + {timeout_s})); "
-                  f"until [ \"$(awk '$1 >= {step}' {PROGRESS_FILES} 2>/dev/null)\" ]; do "
-                  f"[ $(date +%s) -lt $end ] || {{ echo 'no rank reported step {step} within {timeout_s} s' >&2; exit 1; }}; "
+        script = ("read step pid || exit 3; "  # the test closed stdin without arming: nothing to kill
+                  f"end=$(($(date +%s) + {timeout_s})); "
+                  f"until [ \"$(awk -v step=$step '$1 >= step' {PROGRESS_FILES} 2>/dev/null)\" ]; do "
+                  f"[ $(date +%s) -lt $end ] || {{ echo \"no rank reported step $step within {timeout_s} s\" >&2; exit 1; }}; "
                   "sleep 0.02; done; "
-                  f"while [ $(date +%s) -lt $end ]; do {kill}; sleep 0.05; done; "
+                  f"while [ $(date +%s) -lt $end ]; do "
+                  f"if [ \"$pid\" != - ]; then kill -9 $pid && exit 0; else {find}; fi; sleep 0.05; done; "
                   f"echo 'no live process of rank {rank} within {timeout_s} s' >&2; exit 1")
-        self.process = subprocess.Popen(["docker", "exec", container, "sh", "-c", script],
+        self.process = subprocess.Popen(["docker", "exec", "-i", container, "sh", "-c", script], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.timeout_s = timeout_s
+
+    def arm(self, step: int, pid: str | None = None) -> "ArmedKill":
+        try:
+            self.process.stdin.write(f"{step} {pid or '-'}\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the exec already ended: result() says how
+        return self
 
     def result(self) -> tuple[int, str]:
         _, err = self.process.communicate(timeout=self.timeout_s + 60)
         return self.process.returncode, err.strip()
+
+    def cancel(self) -> None:
+        """Not armed: its stdin closed, the shell's `read` ends it (killing the docker CLI would leave it running)."""
+        try:
+            self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
 
 
 def container_of(job: ComposeJob, rank: int) -> str:
@@ -203,13 +223,16 @@ def kill_ranks(job: ComposeJob, kills, pids_each_time: bool = False, resumed: in
     pid looked up before (the test compares the survivors' pids; its job has no other fault)."""
     follower = Follower(job)
     recoveries, pids = [], []
+    armed = [ArmedKill(container_of(job, rank), rank) for _, rank in kills[:1]]  # the next kill's exec, started ahead
     try:
         follower.wait_for_step(1, resumes=resumed)
         for done, (steps, rank) in enumerate(kills, start=resumed):
             target = follower.resumed_from(done) + steps
             before_pids = rank_pids(job) if pids_each_time else None
-            container, pid = before_pids[rank] if before_pids else (container_of(job, rank), None)
-            returncode, err = ArmedKill(container, rank, target, pid).result()
+            kill = armed.pop().arm(target, before_pids[rank][1] if before_pids else None)
+            following = kills[done - resumed + 1:done - resumed + 2]
+            armed = [ArmedKill(container_of(job, next_rank), next_rank) for _, next_rank in following]
+            returncode, err = kill.result()
             after = time.monotonic()
             if returncode:  # the job's own account, untruncated
                 pytest.fail(f"kill -9 of rank {rank} at step {target}: exit {returncode}: {err}\n{job.logs('node0')[-4000:]}\n"
@@ -223,6 +246,8 @@ def kill_ranks(job: ComposeJob, kills, pids_each_time: bool = False, resumed: in
             if pids_each_time:
                 pids.append((rank, before_pids, rank_pids(job)))
     finally:
+        for kill in armed:
+            kill.cancel()
         follower.close()
     return recoveries, pids
 

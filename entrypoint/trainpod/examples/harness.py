@@ -83,7 +83,6 @@ MAX_GRAD_NORM = 1.0
 # The LR rises linearly over the first 5% of the steps (large steps from random weights are the
 # least reliable), then follows a cosine down to 0 at the last step.
 WARMUP_FRACTION = 0.05
-PER_PARAMETER_BUCKET_MB = 1e-6  # a cap below any parameter's size: a bucket closes after one parameter
 EVAL_BATCH = 256
 
 # The options every example has. An example changes their defaults with Recipe.defaults.
@@ -212,13 +211,8 @@ def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
     if recipe.parallel == "dp":
         # DataParallel splits each batch over the visible GPUs inside this one process.
         return nn.DataParallel(model) if device.type == "cuda" and torch.cuda.device_count() > 1 else model
-    # One bucket per parameter: with more than 2 ranks the sum of a gradient element depends on
-    # where the element sits in its bucket, and DDP lays buckets out differently on the first step
-    # of every process (registration order) than later (the order gradients became ready). A
-    # resumed run would then add in another order than an uninterrupted one, and its weights would
-    # differ in the last bits. Alone in its bucket, a parameter always sits in the same place.
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   bucket_cap_mb_list=[PER_PARAMETER_BUCKET_MB])
+    # A resumed run ends with the same bits as an uninterrupted one only if its gradients add up in the same order.
+    return distributed.reproducible_ddp(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

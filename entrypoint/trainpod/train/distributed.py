@@ -8,6 +8,9 @@ import time
 # How long the main thread gives up the GIL before tearing the process group down (see shutdown()).
 DRAIN_S = 0.2
 _kept: list = []  # groups whose owner never frees them (kept())
+# Models up to this many MB of parameters get one gradient bucket from reproducible_ddp() (DDP's own default cap).
+ONE_BUCKET_MB = 25
+PER_PARAMETER_BUCKET_MB = 1e-6  # a cap below any parameter's size: a bucket closes after one parameter
 # What a collective's error says when a peer it shared the collective with went away (gloo, NCCL, the c10d store)
 PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote worker crash|Broken pipe|ProcessGroupNCCL.*(Watchdog|timed? ?out)")
 
@@ -16,6 +19,30 @@ def kept(group) -> None:
     """Say that `group` is never freed (trainpod.train.inprocess holds every group it forms): shutdown() after an
     error then destroys it without the pause, as destroying it frees nothing."""
     _kept.append(group)
+
+
+def reproducible_ddp(module, **kwargs):
+    """DistributedDataParallel(module, **kwargs) whose gradients add up in the same order at every step of every
+    process, so that a run resumed from a checkpoint ends with the same bits as one never interrupted.
+
+    With three or more ranks the sum of a gradient element depends on its place in its bucket (gloo's and NCCL's
+    rings add a buffer's chunks starting from different ranks), and DDP lays its buckets out in one order on a
+    process's first backward (the parameters' registration order, reversed by bucket) and rebuilds them after it in
+    the order the gradients became ready: a resumed run's first step would add in another order than the
+    uninterrupted run's step did. A model of at most ONE_BUCKET_MB gets its rebuilt layout fixed before its first
+    step, in registration order (the rebuild DDP's own Join hook uses): one bucket (bucket_cap_mb given, DDP makes
+    no smaller first one), one collective a step, where one bucket per parameter cost a collective each (what that
+    saves a rank: bench/ddp_buckets.py). A bigger model keeps one bucket per parameter: each of its gradients is
+    sent as soon as it is ready, overlapping the backward pass, where one bucket would wait for all of them."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    size_mb = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad) / 2**20
+    if size_mb <= ONE_BUCKET_MB:
+        model = DistributedDataParallel(module, bucket_cap_mb=ONE_BUCKET_MB, **kwargs)
+        if hasattr(model.reducer, "_push_all_rebuilt_params"):  # a private method: a later torch may lack it
+            model.reducer._push_all_rebuilt_params()  # the first forward rebuilds to this layout, before any backward
+            return model
+    return DistributedDataParallel(module, bucket_cap_mb_list=[PER_PARAMETER_BUCKET_MB], **kwargs)
 
 
 def shutdown(barrier: bool = True) -> None:
