@@ -204,19 +204,41 @@ def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the
 
 
 
+# The rank says "formed" only once its main thread is where it stays: the watch takes the main thread's place when the
+# group is given up, and a main thread that moves after that has moved on (to recover(), in a real rank), which the
+# watch lets be. Said at once, the test once gave the group up while the main thread was still on its way into the
+# wait, and the rank was never ended. Where it stays: the same instruction within stay() twice, 0.05 s apart, while this
+# thread held no GIL (a main thread waiting for the GIL would have taken it and moved).
 STUCK = textwrap.dedent("""
-    import hashlib, sys
+    import hashlib, sys, threading, time
+    import torch
     from trainpod.train import inprocess
+
+    def stay(main):
+        if main == "idle":  # blocked in a C++ wait that nothing ends, as a collective the shut-down connections did not
+            torch.futures.Future().wait()
+        else:  # one long call that computes (the GIL released), as a long backward pass
+            hashlib.pbkdf2_hmac("sha256", b"p", b"s", int(sys.argv[2]))
+
+    def say_formed_once_there(main_thread):
+        seen = None
+        while True:
+            frame = sys._current_frames().get(main_thread.ident)
+            where = (id(frame), frame.f_lasti) if frame is not None else None
+            callers = set()
+            while frame is not None:
+                callers.add(frame.f_code.co_name)
+                frame = frame.f_back
+            if "stay" in callers and where == seen:
+                print("formed", flush=True)
+                return
+            seen = where
+            time.sleep(0.05)
 
     inprocess.STUCK_S = 1.0
     inprocess.init_process_group("gloo")  # a group of 1 whose keeper's store the test hosts
-    print("formed", flush=True)
-    if sys.argv[1] == "idle":  # blocked in a C++ wait that nothing ends, as a collective the shut-down connections did not
-        import torch
-
-        torch.futures.Future().wait()
-    else:  # one long call that computes (the GIL released), as a long backward pass
-        hashlib.pbkdf2_hmac("sha256", b"p", b"s", int(sys.argv[2]))
+    threading.Thread(target=say_formed_once_there, args=(threading.main_thread(),), daemon=True).start()
+    stay(sys.argv[1])
     print("done", flush=True)
 """)
 
