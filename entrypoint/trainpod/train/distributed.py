@@ -23,7 +23,8 @@ def kept(group) -> None:
 
 def reproducible_ddp(module, **kwargs):
     """DistributedDataParallel(module, **kwargs) whose gradients add up in the same order at every step of every
-    process, so that a run resumed from a checkpoint ends with the same bits as one never interrupted.
+    process, so that a run resumed from a checkpoint ends with the same bits as one never interrupted. `kwargs` are
+    DDP's options but its bucket sizes, which this chooses.
 
     With three or more ranks the sum of a gradient element depends on its place in its bucket (gloo's and NCCL's
     rings add a buffer's chunks starting from different ranks), and DDP lays its buckets out in one order on a
