@@ -16,12 +16,10 @@ Prints one `bench-ddp-buckets: {json}` line, then the table.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import results_page
@@ -29,6 +27,7 @@ import results_page
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "entrypoint")]
 
+from fixtures import resumed_ddp  # noqa: E402
 from fixtures.ports import free_port  # noqa: E402
 
 VARIANTS = ("per-parameter", "reproducible_ddp")
@@ -48,33 +47,14 @@ def rank_main(rank: int, world: int, port: int, variant: str, batch: int, steps:
     import torch
     import torch.distributed as dist
 
-    from trainpod.examples.cifar10 import make_model
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     generator = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(batch, 3, 32, 32, generator=generator), torch.randint(0, 10, (batch,), generator=generator))
-               for _ in range(8)]
+               for _ in range(8)]  # made before the clock starts
 
     def train(resume: int) -> tuple[float, str]:
-        torch.manual_seed(0)
-        module = make_model()
-        model, optimizer = wrap(module, variant), torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
-        started = time.process_time()
-        for step in range(steps):
-            if step == resume:  # what a resumed process has: the state, in a new model and a new DDP
-                state, moments = module.state_dict(), optimizer.state_dict()
-                module = make_model()
-                module.load_state_dict(state)
-                model, optimizer = wrap(module, variant), torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
-                optimizer.load_state_dict(moments)
-            images, labels = batches[step % len(batches)]
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(images), labels).backward()
-            optimizer.step()
-        cpu = (time.process_time() - started) / steps
-        bits = hashlib.sha256(torch.cat([p.detach().flatten() for p in module.parameters()]).numpy().tobytes())
-        return cpu, bits.hexdigest()
+        return resumed_ddp.train(lambda module: wrap(module, variant), steps, resume, lambda step: batches[step % 8])
 
     cpu, whole = train(resume=-1)
     _, resumed = train(resume=resume_at)

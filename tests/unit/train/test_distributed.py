@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from fixtures.ports import free_port
 
@@ -50,35 +51,21 @@ def test_a_group_that_would_be_freed_gets_the_pause_after_an_error_and_at_the_en
 # once from a new model and a new DDP at step 3, as a resumed process does. Printed: for each, whether each rank's
 # weights have the same bits both ways.
 RESUMED = textwrap.dedent("""
-    import hashlib, os, sys
+    import os, sys
     import torch, torch.distributed as dist
     import torch.multiprocessing as mp
     from torch.nn.parallel import DistributedDataParallel
-    from trainpod.examples.cifar10 import make_model
+    from fixtures.resumed_ddp import train
     from trainpod.train import distributed
 
-    def train(wrap, resume):
-        torch.manual_seed(0)
-        module = make_model()
-        model, optimizer = wrap(module), torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
-        for step in range(6):
-            if step == resume:
-                state, moments = module.state_dict(), optimizer.state_dict()
-                module = make_model()
-                module.load_state_dict(state)
-                model, optimizer = wrap(module), torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
-                optimizer.load_state_dict(moments)
-            generator = torch.Generator().manual_seed(100 * step + dist.get_rank())
-            images, labels = torch.randn(4, 3, 32, 32, generator=generator), torch.randint(0, 10, (4,), generator=generator)
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(images), labels).backward()
-            optimizer.step()
-        return hashlib.sha256(torch.cat([p.detach().flatten() for p in module.parameters()]).numpy().tobytes()).digest()
+    def batch_of(step):
+        generator = torch.Generator().manual_seed(100 * step + dist.get_rank())
+        return torch.randn(4, 3, 32, 32, generator=generator), torch.randint(0, 10, (4,), generator=generator)
 
     def rank(index, port, out):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=index, world_size=3)
-        out.put({name: train(wrap, -1) == train(wrap, 3)
+        out.put({name: train(wrap, 6, -1, batch_of)[1] == train(wrap, 6, 3, batch_of)[1]
                  for name, wrap in (("reproducible_ddp", distributed.reproducible_ddp), ("ddp", DistributedDataParallel))})
         out.close()
         out.join_thread()  # the answer is written before os._exit, which would end the queue's feeder thread
@@ -96,8 +83,10 @@ RESUMED = textwrap.dedent("""
 
 
 def test_reproducible_ddp_ends_a_resumed_run_with_the_bits_of_one_never_interrupted_where_ddp_does_not():
-    done = subprocess.run([sys.executable, "-c", RESUMED, str(free_port())], capture_output=True, text=True,
-                          timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    tests = str(Path(__file__).resolve().parents[2])  # fixtures.resumed_ddp
+    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", RESUMED, str(free_port())], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
     assert done.returncode == 0, done.stderr[-3000:]
     # DDP's first step after a (re)start adds in another order than its later steps: its resumed weights differ.
     assert done.stdout.strip() == str({"reproducible_ddp": [True] * 3, "ddp": [False] * 3})
