@@ -97,7 +97,7 @@ from trainpod.agent.committed import SharedCommitted
 from trainpod.agent.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.contract import INPROCESS_MAX_VAR, PROGRESS_DIR, PROGRESS_DIR_VAR, SUPERVISOR_DIR_VAR
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
-from trainpod.rendezvous import exclusions, node_order
+from trainpod.rendezvous import exclusions, node_order, presence
 from trainpod.runspec import RunSpec
 from trainpod.supervisor import oom, orphans, restarts, supervise
 from trainpod.train import progress
@@ -246,6 +246,8 @@ class AgentPolicy:
         if self._start_method != warm.START_METHOD:
             zygote.discard()  # the job's copy of itself, made for a fork server no rank needs
         node_order.hold(spec.rdzv_handler)  # each round's world as it completed, on every node
+        if self.nnodes > 1 or self.elastic:  # a lost node dropped as its peers see its agent go
+            self._presence(spec.rdzv_handler)
         if not self.elastic and node and node.isdigit():
             node_order.keep(spec.rdzv_handler, self.node_rank)  # global ranks by the platform's node numbering
         _poll_rendezvous_faster(spec.rdzv_handler, self.nnodes)
@@ -299,11 +301,24 @@ class AgentPolicy:
             self.committed = SharedCommitted(self.run_store, lambda: restarts.reported(self._progress_dir)[0]).start()
         self.copies = self._copy_server(spec.rdzv_handler) if run.peer_copies else None  # --peer-copies
 
+    def _job_address(self) -> str | None:
+        """This node's address on the job's interface (--interface, or the one trainpod chose); None without one."""
+        interface = self.run_spec.topology.interface or ""
+        return netcheck.address_of(interface) if interface else None
+
+    def _presence(self, handler) -> None:
+        """The listener whose end tells the other nodes this agent is gone, and this agent's watch on theirs
+        (trainpod.rendezvous.presence). Without an address on the job's interface a lost node leaves the rendezvous
+        once its heartbeat lapses, as in torch."""
+        address = self._job_address()
+        if address is not None:
+            presence.start(handler, address, self._say)
+
     def _copy_server(self, handler) -> peercopy.CopyServer | None:
         """--peer-copies: the server that keeps another node's newest checkpoint in this agent's memory, on the job's
         interface (trainpod.agent.peercopy). A node with no address there keeps none, and says so."""
         interface = self.run_spec.topology.interface or ""
-        address = netcheck.address_of(interface) if interface else None
+        address = self._job_address()
         if address is None:
             self._say(f"warning: --peer-copies: this node has no address on the interface {interface or '(none chosen)'}: "
                       "it keeps no copy, and its ranks restore from their checkpoint directory only")

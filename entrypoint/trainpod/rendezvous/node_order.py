@@ -40,7 +40,8 @@ or about to be: the last round's members that outlived it (their ranks failed wi
 them), a node on the wait list (a joiner) and a spare beyond --nnodes' maximum (torch's redundancy list). A node is
 alive while its heartbeat is: torch drops one whose heartbeat is older than keep_alive_interval x
 keep_alive_max_attempt from the state as it reads it, and a dead node's drop is what ends its round (its last
-participant gone). So the survivors of a lost node met once that node was dropped, then waited out the whole last call
+participant gone), or sooner: a node whose agent the others saw go is dropped at once (trainpod.rendezvous.
+presence). So the survivors of a lost node met once that node was dropped, then waited out the whole last call
 for nobody (3 s by an elastic trainpod job's default, 45 s in the compose tests, torch's 30 s); here they meet as soon
 as the last of them joins, and one that is slow to stop its ranks, its heartbeat alive, is still waited for, up to the
 last call. A round that none of the last round's members outlived (every agent started anew: the job restarted whole,
@@ -56,7 +57,8 @@ _add_to_participants(), _remove_from_participants() and _mark_rendezvous_complet
 state's `participants`, `round`, `complete`, `closed`, `wait_list`, `redundancy_list` and `last_heartbeats`, the
 handler's `_this_node`, `_state_holder`, `_heartbeat_lock` and `_get_world()`, and the join and exit operations' __call__(ctx, deadline)
 (_RendezvousJoinOp, _RendezvousExitOp; _Action.FINISH, MARK_RENDEZVOUS_COMPLETE, ADD_TO_REDUNDANCY_LIST), and the
-executor's _remove_from_redundancy_list().
+executor's _remove_from_redundancy_list(), _add_to_wait_list() and _add_to_redundancy_list(), and the state holder's
+_sanitize() (_BackendRendezvousStateHolder: where trainpod.rendezvous.presence expires a lost node's heartbeat).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ from __future__ import annotations
 import functools
 import logging
 from datetime import datetime, timezone
+
+from trainpod.rendezvous import presence
 
 STATE_ATTR = "trainpod_node_ranks"  # on torch's _RendezvousState: {node descriptor: platform node rank}
 ROUND_ATTR = "trainpod_completed"  # on torch's _RendezvousState: (round, {node descriptor: rank}) as it completed
@@ -184,6 +188,8 @@ def torch_internals_missing() -> list[str]:
 
     executor = getattr(dynamic_rendezvous, "_DistributedRendezvousOpExecutor", None)
     handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
+    holder = getattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", None)
+
     def torchs(name):  # torch's own method, also once _install() wrapped it
         method = getattr(executor, name)
         return getattr(method, "torch_method", method)
@@ -209,6 +215,11 @@ def torch_internals_missing() -> list[str]:
         "_RendezvousState's wait_list, redundancy_list and last_heartbeats (the nodes a later round waits for)":
             lambda: all(f"self.{name} =" in inspect.getsource(dynamic_rendezvous._RendezvousState.__init__)
                         for name in ("wait_list", "redundancy_list", "last_heartbeats")),
+        "_BackendRendezvousStateHolder._sanitize() (where a node whose heartbeat lapsed is dropped: trainpod.rendezvous.presence)":
+            lambda: "last_heartbeat < expire_time" in inspect.getsource(
+                getattr(holder._sanitize, "torch_method", holder._sanitize)),
+        "_add_to_wait_list() and _add_to_redundancy_list() (where a node publishes its presence listener)":
+            lambda: all(callable(torchs(name)) for name in ("_add_to_wait_list", "_add_to_redundancy_list")),
         "DynamicRendezvousHandler._get_world() (a node's rank and world size)":
             lambda: "state.participants[self._this_node], len(state.participants)" in inspect.getsource(
                 getattr(handler._get_world, "torch_method", handler._get_world)),
@@ -228,6 +239,7 @@ def torch_internals_missing() -> list[str]:
 def _install() -> None:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler as Handler
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _BackendRendezvousStateHolder as Holder
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _DistributedRendezvousOpExecutor as Executor
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp as ExitOp
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousJoinOp as JoinOp
@@ -235,13 +247,28 @@ def _install() -> None:
     torch_add, torch_complete, torch_world = Executor._add_to_participants, Executor._mark_rendezvous_complete, Handler._get_world
     torch_join, torch_exit, torch_remove = JoinOp.__call__, ExitOp.__call__, Executor._remove_from_participants
     torch_unspare = Executor._remove_from_redundancy_list
+    torch_wait, torch_spare, torch_sanitize = Executor._add_to_wait_list, Executor._add_to_redundancy_list, Holder._sanitize
 
     def _add_to_participants(self) -> None:
         rank = _wanted.get(self._node)
         if rank is not None:  # said first: the last node to join completes the round inside torch's method
             self._state.__dict__.setdefault(STATE_ATTR, {})[self._node] = rank
         _joined[self._node] = self._state.round
+        presence.publish(self._state, self._node)
         torch_add(self)
+
+    def _add_to_wait_list(self) -> None:
+        presence.publish(self._state, self._node)
+        torch_wait(self)
+
+    def _add_to_redundancy_list(self) -> None:
+        presence.publish(self._state, self._node)
+        torch_spare(self)
+
+    def _sanitize(self) -> None:
+        presence.expire(self._state)  # a node whose agent this one saw go: dropped by torch's sweep now
+        torch_sanitize(self)
+        presence.seen(self._state)
 
     def join(self, ctx, deadline: float):
         _rejoining.discard(ctx.node)  # at its next round now: a participant, or on a list, each with its heartbeat
@@ -297,6 +324,10 @@ def _install() -> None:
     join.torch_method, exit.torch_method = torch_join, torch_exit  # type: ignore[attr-defined]
     _remove_from_participants.torch_method = torch_remove  # type: ignore[attr-defined]
     _remove_from_redundancy_list.torch_method = torch_unspare  # type: ignore[attr-defined]
+    _add_to_wait_list.torch_method, _add_to_redundancy_list.torch_method = torch_wait, torch_spare  # type: ignore[attr-defined]
+    _sanitize.torch_method = torch_sanitize  # type: ignore[attr-defined]
+    Executor._add_to_wait_list, Executor._add_to_redundancy_list = _add_to_wait_list, _add_to_redundancy_list
+    Holder._sanitize = _sanitize
     Executor._remove_from_participants = _remove_from_participants
     Executor._remove_from_redundancy_list = _remove_from_redundancy_list
     Executor._add_to_participants = _add_to_participants

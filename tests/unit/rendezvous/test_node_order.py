@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from fixtures.ports import free_port  # noqa: E402
+from fixtures.rendezvous_nodes import elastic_handler, meet, store_server  # noqa: E402
 from trainpod.agent import policy  # noqa: E402
 from trainpod.rendezvous import node_order  # noqa: E402
 
@@ -152,39 +153,8 @@ def test_a_node_dropped_as_its_round_completed_finishes_its_join_in_it_until_it_
 def elastic_handlers(count: int, run_id: str, min_nodes: int, max_nodes: int, last_call_s: int):
     """`count` c10d handlers of one elastic job (--nnodes min_nodes:max_nodes) with trainpod's rounds (hold()) and store: a
     heartbeat each second, dead after three missed (an elastic trainpod job's defaults)."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
-
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    timeout = RendezvousTimeout(join=timedelta(seconds=120), last_call=timedelta(seconds=last_call_s))
-    made = []
-    for _ in range(count):
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-        handler = DynamicRendezvousHandler.from_backend(run_id, store, C10dRendezvousBackend(store, run_id), min_nodes,
-                                                        max_nodes, local_addr="127.0.0.1", timeout=timeout,
-                                                        keep_alive_interval=1, keep_alive_max_attempt=3)
-        node_order.hold(handler)
-        policy._fresh_workers_store(handler)  # as the agent does: a new node's rank finds rank 0's address each round
-        made.append(handler)
-    return made, server
-
-
-def meet(made, delays=None) -> dict[int, tuple[int, int]]:
-    """Each handler of `made` joins its next round (after its delay, seconds): index -> (rank, world size)."""
-    worlds: dict[int, tuple[int, int]] = {}
-
-    def join(index):
-        time.sleep((delays or {}).get(index, 0))
-        info = made[index].next_rendezvous()
-        worlds[index] = (info.rank, info.world_size)
-
-    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(made))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(100)
-    return worlds
+    server, port = store_server()
+    return [elastic_handler(port, run_id, min_nodes, max_nodes, last_call_s) for _ in range(count)], server
 
 
 def lose(handler) -> None:
