@@ -521,13 +521,14 @@ class AgentPolicy:
         self._spare = False  # in a round: a spare no more
         if (figures := metrics.recorder()) is not None:
             figures.set("trainpod_spare", 0)
-        new = len(self._members - members) if self._members is not None and members is not None else 0
-        self._met(before, worker_group.group_world_size, new)
+        known = self._members is not None and members is not None
+        new = len(self._members - members) if known else 0
+        self._met(before, worker_group.group_world_size, new, members - self._members if known else frozenset())
 
-    def _met(self, before: int | None, after: int, new: int = 0) -> None:
-        """The round has `after` nodes, `before` the last, `new` of them not in the last one (where both are known): a
-        failure since then is decided (the module docstring). As many nodes, some of them new, is a membership change
-        too: a spare (a node beyond --nnodes' maximum) took a lost node's place."""
+    def _met(self, before: int | None, after: int, new: int = 0, left: frozenset = frozenset()) -> None:
+        """The round has `after` nodes, `before` the last, `new` of them not in the last one (where both are known), and
+        not the nodes `left`: a failure since then is decided (the module docstring). As many nodes, some of them new,
+        is a membership change too: a spare (a node beyond --nnodes' maximum) took a lost node's place."""
         self._nodes = after
         counted, provisional = self._counted, self._provisional
         self._counted, self._provisional = False, None
@@ -551,9 +552,12 @@ class AgentPolicy:
         change = (f"the job now has {after} node(s), {before} before" if after != before else
                   f"{new} node(s) took the place of {'one' if new == 1 else 'nodes'} that left: the job has {after} "
                   "node(s), as before")
+        seen = sorted(map(repr, presence.seen_gone(left)))  # dropped at once, not after their heartbeats lapsed
         self._say(f"{change}: a membership change"
                   + (", not counted against --max-restarts" if forgiven else "")
-                  + (" (this node's ranks failed on their own: that restart stays counted)" if counted and self._own else ""))
+                  + (" (this node's ranks failed on their own: that restart stays counted)" if counted and self._own else "")
+                  + (f"; {', '.join(seen)} left as {'its agent' if len(seen) == 1 else 'their agents'} ended, seen at once"
+                     if seen else ""))
         if forgiven:
             self.budget.membership_changed()
             self._reprieved = False

@@ -13,9 +13,10 @@ it accepts; it publishes that address in the rendezvous state as it joins a roun
 one connection to every other node's listener it finds there (seen()). A held connection that ends after its greeting
 means the agent at the other end is gone: its node's heartbeat is expired at once in this process's reads of the
 state (expire(), before torch's own sweep), so torch's sweep drops it and the next write (a heartbeat, a join, an
-exit) tells every node. A connection that never got its greeting (refused, a timeout, another run's listener, a
-stranger's port) says nothing: that node leaves as before, when its heartbeat lapses. So does a node whose host froze
-or whose network went away (no FIN reaches anyone), and a node of bare torchrun (no listener).
+exit) tells every node; the agent's line of the next round names the nodes that left this way (seen_gone()), and no
+line comes of a node that ends with the job. A connection that never got its greeting (refused, a timeout, another
+run's listener, a stranger's port) says nothing: that node leaves as before, when its heartbeat lapses. So does a node
+whose host froze or whose network went away (no FIN reaches anyone), and a node of bare torchrun (no listener).
 
 A heartbeat written after the agent was seen to go is never expired: it is a node of the same descriptor (host, pid,
 a process-local id) started anew, as a restarted container's agent may be, not the lost one.
@@ -34,7 +35,7 @@ from datetime import datetime, timedelta, timezone
 
 from trainpod.topology import join_host_port
 
-__all__ = ["ATTR", "Presence", "current", "expire", "publish", "seen", "start", "stop"]
+__all__ = ["ATTR", "Presence", "current", "expire", "publish", "seen", "seen_gone", "start", "stop"]
 
 ATTR = "trainpod_presence"  # on torch's _RendezvousState: {node descriptor: "host:port" of its agent's listener}
 CONNECT_S = 2.0  # a connection that has no greeting by then says nothing (a host that drops packets)
@@ -55,7 +56,7 @@ def start(handler, address: str, say=None) -> Presence | None:
     if node is None:
         return None
     try:
-        _current = Presence(address, handler.get_run_id(), node, say or (lambda line: logger.warning("%s", line)))
+        _current = Presence(address, handler.get_run_id(), node)
     except OSError as error:
         (say or logger.warning)(f"warning: no presence listener on {address} ({error.strerror or error}): a lost node "
                                 "leaves the rendezvous once its heartbeat lapses")
@@ -79,6 +80,11 @@ def publish(state, node) -> None:
     """Put this agent's listener in `state` beside `node`, if `node` is this agent's (joining a round or a list)."""
     if _current is not None and node == _current.node:
         state.__dict__.setdefault(ATTR, {})[node] = _current.address
+
+
+def seen_gone(nodes) -> set:
+    """Those of `nodes` whose agents this one saw go (empty without a listener)."""
+    return _current.gone() & set(nodes) if _current is not None else set()
 
 
 def expire(state) -> None:
@@ -123,8 +129,8 @@ class _Watch:
 class Presence:
     """This agent's listener and its watch on the other nodes' (the module docstring). One thread, which only waits."""
 
-    def __init__(self, address: str, run_id: str, node, say):
-        self.node, self.run_id, self._say = node, run_id, say
+    def __init__(self, address: str, run_id: str, node):
+        self.node, self.run_id = node, run_id
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -288,9 +294,8 @@ class Presence:
                 self._gone[watch.node] = datetime.now(timezone.utc)
             else:
                 self._tried[watch.node] = time.monotonic()
-        if gone:
-            self._say(f"the agent of node {watch.node!r} went away (its connection to this node's ended): the rendezvous "
-                      "drops that node now, without waiting for its heartbeat to lapse")
+        if gone:  # said where it changes something: the agent's line of the next round (trainpod.agent.policy)
+            logger.debug("the agent of node %r ended: its connection to this node's closed", watch.node)
 
     def _timeouts(self) -> None:
         now = time.monotonic()

@@ -20,7 +20,7 @@ from trainpod.rendezvous import presence
 LISTENER = """
 import sys, time
 from trainpod.rendezvous.presence import Presence
-print(Presence("127.0.0.1", sys.argv[1], sys.argv[2], print).address, flush=True)
+print(Presence("127.0.0.1", sys.argv[1], sys.argv[2]).address, flush=True)
 time.sleep(600)
 """
 
@@ -58,7 +58,7 @@ def until(condition, timeout: float = 20.0) -> bool:
 
 
 def test_a_peer_killed_is_gone_at_once_and_only_its_older_heartbeats_expire(listener):
-    watcher = presence.Presence("127.0.0.1", "job", "a", print)
+    watcher = presence.Presence("127.0.0.1", "job", "a")
     address, peer = listener("job", "b")
     watcher.watch({"b": address, "a": watcher.address})  # its own listener is not watched
     assert until(lambda: watcher.watching() == {"b"})
@@ -84,7 +84,7 @@ def test_only_a_greeting_of_the_same_run_and_node_makes_a_watch(listener, monkey
     other_node, other_node_proc = listener("job", "x")
     silent = socket.create_server(("127.0.0.1", 0))  # its backlog accepts the connection; nobody greets
     closed = free_port()
-    watcher = presence.Presence("127.0.0.1", "job", "a", print)
+    watcher = presence.Presence("127.0.0.1", "job", "a")
     watcher.watch({"b": other_run, "c": other_node, "d": f"127.0.0.1:{silent.getsockname()[1]}",
                    "e": f"127.0.0.1:{closed}", "f": "no port here"})
     time.sleep(1.5)
@@ -98,7 +98,7 @@ def test_only_a_greeting_of_the_same_run_and_node_makes_a_watch(listener, monkey
 
 
 def test_a_node_no_longer_listed_is_let_go_and_its_end_says_nothing(listener):
-    watcher = presence.Presence("127.0.0.1", "job", "a", print)
+    watcher = presence.Presence("127.0.0.1", "job", "a")
     address, peer = listener("job", "b")
     watcher.watch({"b": address})
     assert until(lambda: watcher.watching() == {"b"})
