@@ -6,17 +6,17 @@ Until then the survivors' next round waits for it, and so does a spare: the lost
 participants, so the round has no room. Most of a spare's takeover, and of a survivor's recovery at the smaller world,
 was that wait (bench/spare_scale.py, bench/elastic.py).
 
-Yet the survivors see a lost node go at once: its agent's process ends, and the kernel closes its sockets, sending a
-FIN or RST to every peer, with a whole container killed too (its processes end before its network does). So each
-trainpod agent listens on the job's interface (a port the kernel picks) and says its run and node on every connection
-it accepts; it publishes that address in the rendezvous state as it joins a round or a list (publish()); and it holds
-one connection to every other node's listener it finds there (seen()). A held connection that ends after its greeting
-means the agent at the other end is gone: its node's heartbeat is expired at once in this process's reads of the
-state (expire(), before torch's own sweep), so torch's sweep drops it and the next write (a heartbeat, a join, an
-exit) tells every node; the agent's line of the next round names the nodes that left this way (seen_gone()), and no
-line comes of a node that ends with the job. A connection that never got its greeting (refused, a timeout, another
-run's listener, a stranger's port) says nothing: that node leaves as before, when its heartbeat lapses. So does a node
-whose host froze or whose network went away (no FIN reaches anyone), and a node of bare torchrun (no listener).
+Yet the survivors see a lost node go at once: its agent's process ends, and the kernel closes its sockets, sending a FIN
+or RST to every peer, with a whole container killed too (its processes end before its network does). So each trainpod
+agent listens on the job's interface (a port the kernel picks) and says its run and node on every connection it accepts;
+it publishes that address in the rendezvous state as it joins a round or a list (publish()); and it holds one connection
+to every other node's listener it finds there (seen(); at most WATCHED_MAX of them). A held connection that ends after
+its greeting means the agent at the other end is gone: its node's heartbeat is expired at once in this process's reads
+of the state (expire(), before torch's own sweep), so torch's sweep drops it and the next write (a heartbeat, a join, an
+exit) tells every node; the agent's line of the next round names the nodes that left this way (seen_gone()), and no line
+comes of a node that ends with the job. A connection that never got its greeting (refused, a timeout, another run's
+listener, a stranger's port) says nothing: that node leaves as before, when its heartbeat lapses. So does a node whose
+host froze or whose network went away (no FIN reaches anyone), and a node of bare torchrun (no listener).
 
 A heartbeat written after the agent was seen to go is never expired: it is a node of the same descriptor (host, pid,
 a process-local id) started anew, as a restarted container's agent may be, not the lost one.
@@ -40,7 +40,10 @@ __all__ = ["ATTR", "Presence", "current", "expire", "publish", "seen", "seen_gon
 ATTR = "trainpod_presence"  # on torch's _RendezvousState: {node descriptor: "host:port" of its agent's listener}
 CONNECT_S = 2.0  # a connection that has no greeting by then says nothing (a host that drops packets)
 RETRY_S = 5.0  # a node whose listener did not answer is tried again no sooner
-MAX_ACCEPTED = 1024  # the listener's connections at most: one a peer (a job has fewer nodes); more are closed unanswered
+# The nodes one agent watches at most: those after it in the nodes' order, as on a ring. Up to 65 nodes every node
+# watches every other; beyond, each is still watched by as many, and an agent's descriptors stay bounded.
+WATCHED_MAX = 64
+MAX_ACCEPTED = 1024  # the listener's connections at most (a peer's each); more are closed unanswered
 GONE_KEPT_S = 600.0  # how long a lost node's mark is kept (its heartbeat is expired in every read meanwhile)
 _LONG_AGO = datetime(1970, 1, 1, tzinfo=timezone.utc)
 logger = logging.getLogger(__name__)
@@ -143,7 +146,9 @@ class Presence:
         self.address = join_host_port(address, self._listener.getsockname()[1])
         self._hello = _greeting(run_id, node)
         self._lock = threading.Lock()
-        self._wanted: dict = {}  # node -> listener address, as the state last listed them
+        self._listed: dict = {}  # node -> listener address, as the state last listed them
+        self._wanted: dict = {}  # ... those of them this agent watches
+        self._listen_again = 0.0  # when to accept again after the process ran out of descriptors (0: accepting)
         self._watches: dict = {}  # node -> _Watch: connecting, or held
         self._tried: dict = {}  # node -> when a connection to it last said nothing
         self._gone: dict = {}  # node -> when its held connection ended (UTC)
@@ -167,11 +172,16 @@ class Presence:
 
     def watch(self, listeners: dict) -> None:
         """Hold a connection to each of these nodes' listeners (not this node's), and none to a node not among them."""
-        others = {node: at for node, at in listeners.items() if node != self.node}
         with self._lock:
-            if others == self._wanted:  # the usual case: a poll of an unchanged state
+            if listeners == self._listed:  # the usual case: a poll of an unchanged state
                 return
-            self._wanted = others
+            self._listed = dict(listeners)
+        others = sorted((node for node in listeners if node != self.node), key=repr)
+        if len(others) > WATCHED_MAX:
+            mine = repr(self.node)
+            others = ([node for node in others if repr(node) > mine] + [node for node in others if repr(node) < mine])
+        with self._lock:
+            self._wanted = {node: listeners[node] for node in others[:WATCHED_MAX]}
         self._wake()
 
     def expire(self, heartbeats: dict) -> None:
@@ -207,16 +217,22 @@ class Presence:
                 due = [w.deadline for w in self._watches.values() if not w.greeted]
                 due += [self._tried[node] + RETRY_S for node in self._wanted
                         if node in self._tried and node not in self._watches and node not in self._gone]
+            if self._listen_again:
+                due.append(self._listen_again)
             timeout = max(0.0, min(due) - time.monotonic()) if due else None
             for key, _ in self._selector.select(timeout):
                 try:
                     self._event(key)
                 except Exception:  # a peer's bytes never end this thread: its watch would end with it
                     logger.debug("presence: an event of %r failed", key.data, exc_info=True)
+            if self._listen_again and time.monotonic() >= self._listen_again:
+                self._listen_again = 0.0
+                self._selector.register(self._listener, selectors.EVENT_READ, "listener")
             self._timeouts()
             self._follow_wanted()
         for key in list(self._selector.get_map().values()):
             key.fileobj.close()
+        self._listener.close()  # also when it was out of the loop
         self._selector.close()
         self._wake_w.close()
 
@@ -240,7 +256,10 @@ class Presence:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # out of descriptors, say: the peer sees a close before any greeting, which says nothing
+            except OSError:  # out of descriptors: a peer's connect waits in the backlog, or ends with no greeting (nothing
+                # said); the listener stays out of the loop for a while, where its readiness would wake it at once, again
+                self._selector.unregister(self._listener)
+                self._listen_again = time.monotonic() + RETRY_S
                 return
             if self._accepted >= MAX_ACCEPTED:
                 sock.close()

@@ -111,6 +111,17 @@ def test_a_node_no_longer_listed_is_let_go_and_its_end_says_nothing(listener):
     watcher.close()
 
 
+def test_beyond_watched_max_an_agent_watches_the_nodes_after_it_on_a_ring(monkeypatch):
+    monkeypatch.setattr(presence, "WATCHED_MAX", 2)
+    nodes = {name: presence.Presence("127.0.0.1", "job", name) for name in "abcde"}
+    listed = {name: node.address for name, node in nodes.items()}
+    for watcher, after in ((nodes["b"], {"c", "d"}), (nodes["e"], {"a", "b"})):
+        watcher.watch(listed)
+        assert until(lambda watcher=watcher, after=after: watcher.watching() == after), watcher.watching()
+    for node in nodes.values():
+        node.close()
+
+
 def test_publish_puts_only_this_agents_listener_and_seen_forgets_nodes_swept_from_the_state(listener):
     class Handler:
         _this_node = "a"
