@@ -224,15 +224,21 @@ def _recover_or_end(watched: int) -> None:
     connections shut down did not end. (Seen under load: DDP's finalize_backward waiting for a bucket's
     allreduce, while every other rank waited at the next generation.) Every ORPHAN_S of that, it looks at the
     rank's native stacks, and ends it at once when a thread waits in a receive that gloo no longer ends
-    (ORPHANED_RECEIVE). A main thread that computes there (a long backward pass), or has moved on (its
-    collective failed: to recover()), is let be."""
+    (ORPHANED_RECEIVE). A main thread that computes there (a long backward pass) is let be; one that moves is
+    watched from where it went (to recover(), which ends the watch, or into another wait)."""
     main = threading.main_thread()
     stuck_at, cpu, since = _where(main), _cpu_s(main.native_id), time.monotonic()
     look_at = since + ORPHAN_S
     while generation() == watched:  # until this rank recovered (or ended)
         time.sleep(0.05)
-        if stuck_at is None or _where(main) != stuck_at:
-            stuck_at = None  # it moved on
+        where = _where(main)
+        if where is None or where != stuck_at:
+            # It moved: watched from where it is now. To recover(), which ends this loop once it counted the next
+            # generation; or into a wait on an operation posted before the group was given up (a receive cut
+            # mid-message): a watch that let a main thread go once it moved never ended a rank that was still on
+            # its way into that wait when the group was given up.
+            stuck_at, cpu, since = where, _cpu_s(main.native_id), time.monotonic()
+            look_at = since + ORPHAN_S
             continue
         now = time.monotonic()
         looking, stuck = now >= look_at, now - since >= STUCK_S
