@@ -206,10 +206,11 @@ def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the
 
 
 # The rank says "formed" only once its main thread is where it stays: the watch takes the main thread's place when the
-# group is given up, and a main thread that moves after that has moved on (to recover(), in a real rank), which the
-# watch lets be. Said at once, the test once gave the group up while the main thread was still on its way into the
-# wait, and the rank was never ended. Where it stays: the same instruction within stay() twice, 0.05 s apart, while this
-# thread held no GIL (a main thread waiting for the GIL would have taken it and moved).
+# group is given up, and follows it when it moves (test_a_rank_whose_receive_was_cut_mid_message...); said at once, the
+# STUCK_S count would start over as the main thread went on into the wait, and the test's bounds were set without
+# that. (Before the watch followed a moving main thread, such a rank was never ended.) Where it stays: the same
+# instruction within stay() twice, 0.05 s apart, while this thread held no GIL (a main thread waiting for the GIL
+# would have taken it and moved).
 STUCK = textwrap.dedent("""
     import hashlib, sys, threading, time
     import torch
