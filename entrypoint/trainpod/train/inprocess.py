@@ -71,7 +71,7 @@ ORPHAN_S = 2.0  # ... and when to look (py-spy, every ORPHAN_S) whether it waits
 # The wait of a gloo receive: once its message began to arrive, the connection's failure no longer reaches it
 # (gloo/transport/tcp/pair.cc, Pair::signalException, fails the pending operations but not the one being read).
 ORPHANED_RECEIVE = "gloo::transport::tcp::UnboundBuffer::waitRecv"
-_MEET_LOOK_S = 0.1  # how often a rank waiting for its generation to form looks for a newer one (a rank died meanwhile)
+_POLL_S = 0.005
 _SPY_S = 10.0  # how long py-spy may take to read this process's stacks (longer on a loaded machine; not STUCK_S, which tests set low)
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
 
@@ -137,17 +137,19 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
     _give_up()
     distributed.shutdown(barrier=False)
     _release(error)
-    current = generation()
+    current, deadline = generation(), time.monotonic() + RECOVERY_WAIT_S
     try:
         store = _store(RECOVERY_WAIT_S)
-        # A wait in the store, not a poll: at 16 ranks a 5 ms poll sent the store's host (rank 0's keeper) thousands of
-        # requests a second while the replacement started beside them.
-        store.wait([COUNTED_KEY.format(current + 1)], timedelta(seconds=RECOVERY_WAIT_S))
         newest = int(store.add(GENERATION_KEY, 0))
-    except (RuntimeError, OSError):
-        # No rank died, or none could be replaced (no keeper counted the next generation in time), or the store went
-        # with rank 0's keeper (its node): the agent restarts the group.
-        raise error from None
+        while newest <= current:
+            if time.monotonic() >= deadline:
+                raise error  # no rank died (or none could be replaced): the agent restarts the group
+            time.sleep(_POLL_S)
+            newest = int(store.add(GENERATION_KEY, 0))
+    except (RuntimeError, OSError) as lost:
+        if lost is error:
+            raise
+        raise error from None  # the store went with rank 0's keeper (its node): the agent decides
     os.environ[INPROCESS_GENERATION_VAR] = str(newest)
     try:
         return _join(newest, backend, device_id, store)
@@ -420,13 +422,11 @@ def _meet(store, number: int, rank: int, world: int, deadline: float) -> int:
         if int(store.add(f"{meeting}/arrived", 1)) >= world:  # the last to arrive (one that arrived may have died since)
             newer = int(store.add(GENERATION_KEY, 0)) > number
             store.compare_set(f"{meeting}/outcome", "", "left" if newer else "formed")
-            store.set(f"{meeting}/decided", "")
         while True:
             outcome = store.compare_set(f"{meeting}/outcome", "", "")  # b"" while undecided (a read)
             newest = int(store.add(GENERATION_KEY, 0))
             if outcome == b"" and newest > number:
                 outcome = store.compare_set(f"{meeting}/outcome", "", "left")
-                store.set(f"{meeting}/decided", "")
             if outcome == b"formed":
                 return number
             if outcome == b"left" and newest > number:
@@ -436,10 +436,7 @@ def _meet(store, number: int, rank: int, world: int, deadline: float) -> int:
                 missing = [r for r in range(world) if not store.check([f"{meeting}/rank{r}"])]
                 raise NotFormed(f"generation {number} did not form within {REFORM_TIMEOUT_S:g}s: rank(s) "
                                 f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} did not come")
-            # Woken as the outcome is decided; a newer generation (another rank died) is looked for every _MEET_LOOK_S,
-            # not every few ms: each look is two requests to the store's host, from every rank that waits here.
-            with contextlib.suppress(RuntimeError):
-                store.wait([f"{meeting}/decided"], timedelta(seconds=_MEET_LOOK_S))
+            time.sleep(_POLL_S)
 
 
 class NotFormed(RuntimeError):
