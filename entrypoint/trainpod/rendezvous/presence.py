@@ -157,6 +157,7 @@ class Presence:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a full buffer has wakes enough: the rendezvous' thread never waits on the loop
         self._selector.register(self._listener, selectors.EVENT_READ, "listener")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._loop, name="trainpod-presence", daemon=True)
@@ -196,7 +197,7 @@ class Presence:
                     heartbeats[node] = _LONG_AGO
 
     def gone(self) -> set:
-        """The nodes whose agents this one saw go (tests)."""
+        """The nodes whose agents this one saw go (in the last GONE_KEPT_S)."""
         with self._lock:
             return set(self._gone)
 
