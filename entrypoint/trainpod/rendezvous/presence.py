@@ -35,7 +35,7 @@ from datetime import datetime, timedelta, timezone
 
 from trainpod.topology import join_host_port
 
-__all__ = ["ATTR", "Presence", "current", "expire", "publish", "seen", "seen_gone", "start", "stop"]
+__all__ = ["ATTR", "Presence", "expire", "publish", "seen", "seen_gone", "start", "stop"]
 
 ATTR = "trainpod_presence"  # on torch's _RendezvousState: {node descriptor: "host:port" of its agent's listener}
 CONNECT_S = 2.0  # a connection that has no greeting by then says nothing (a host that drops packets)
@@ -64,10 +64,6 @@ def start(handler, address: str, say=None) -> Presence | None:
         (say or logger.warning)(f"warning: no presence listener on {address} ({error.strerror or error}): a lost node "
                                 "leaves the rendezvous once its heartbeat lapses")
         return None
-    return _current
-
-
-def current() -> Presence | None:
     return _current
 
 
