@@ -306,8 +306,8 @@ def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_
     job.env.update(TRAINPOD_RECOVERY="in-process", TRAINPOD_FAILPOINTS=f"pace@{PACE_MS}")
     job.up()
     recoveries, pids = kill_ranks(job, ((6, 2), (8, 0)), pids_each_time=True)
-    # A survivor whose receive had begun to arrive when the group was given up is ended and replaced as well: gloo
-    # leaves that receive waiting for the group's timeout (fixtures.stuck_stacks.orphaned; reported).
+    # A survivor whose receive had begun to arrive, or whose send had begun to be written, when the group was given up
+    # is ended and replaced as well: gloo leaves either waiting for the group's timeout (fixtures.stuck_stacks.orphaned).
     orphaned = stuck_stacks.orphaned(job.logs("node0") + job.logs("node1"))
     for rank, before, after in pids:
         assert after[rank] != before[rank], (rank, before, after)
@@ -323,7 +323,7 @@ def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_
     log = job.logs("node0") + job.logs("node1")
     assert "restarting the worker group" not in log, log[-4000:]
     if orphaned:
-        print(f"in-process recovery: survivor(s) {sorted(set(orphaned))} replaced too, for a receive cut mid-message")
+        print(f"in-process recovery: survivor(s) {sorted(set(orphaned))} replaced too, for a receive or send cut mid-message")
     # 3 survivors, twice (one less for each survivor replaced, whose death counts one more generation)
     assert log.count("the group re-formed in-process") == 6 - len(orphaned), log[-4000:]
     assert metrics["checksum"] == reference and metrics["in_process_generation"] == 2 + len(orphaned)

@@ -125,10 +125,11 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     code, log, before, after = run_and_kill(tmp_path, victim, nproc)
     assert code == 0, log[-4000:]
     # A survivor whose receive from the victim (or, as the connections were shut down, from a live rank) had begun to
-    # arrive is ended and replaced as well: gloo leaves that receive waiting for the group's timeout (reported).
+    # arrive, or whose send to it had begun to be written, is ended and replaced as well: gloo leaves either waiting for
+    # the group's timeout.
     orphaned = stuck_stacks.orphaned(log)
     if orphaned:
-        print(f"\nrank {victim} of {nproc} killed: survivor(s) {sorted(set(orphaned))} replaced too, for a receive cut mid-message")
+        print(f"\nrank {victim} of {nproc} killed: survivor(s) {sorted(set(orphaned))} replaced too, for a receive or send cut mid-message")
     survivors = [r for r in range(nproc) if r != victim and r not in orphaned]
     assert set(before) == {f"{kind}{r}" for kind in ("rank", "keeper") for r in range(nproc)}, before
     # their own processes (a failure says what the keepers and agent said: which rank was replaced, and why, and the
@@ -144,7 +145,7 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     assert GROUP_RESTART not in log  # the agent never restarted the worker group
     resumed = re.findall(r"resumed from the checkpoint of step (\d+).*", log)
     # The checkpoint of step KILL_AT is written beside training: a kill just after its step may precede its commit.
-    # (Rank 0 says it once per start of training: a rank ended for its receive leaves generation 1 unformed, and the
+    # (Rank 0 says it once per start of training: a rank ended for its receive or send leaves generation 1 unformed, and the
     # group forms once, at the next.)
     assert len(resumed) == 1 and int(resumed[0]) >= KILL_AT - EVERY, resumed
     if 0 in survivors:  # rank 0 kept its process: it restored the checkpoint it kept in memory

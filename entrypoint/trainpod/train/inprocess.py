@@ -21,10 +21,11 @@ rank shuts down its own connections in its group (_disconnect), so that a collec
 now even when no peer's failure reaches it (a send that waits on a live peer which has itself left).
 If this rank's main thread then stays where it was, idle, for STUCK_S (a collective that did not end), the
 watch ends the rank with SIGKILL and its keeper replaces it, as any dead rank (_recover_or_end). It ends it
-sooner, after ORPHAN_S, when a thread of the rank waits in a receive that gloo can no longer end: gloo's tcp
-transport fails every operation of a connection that closes, except a receive whose message had begun to
-arrive, which waits for the group's timeout (30 min by default). A survivor that was receiving from the dead
-rank, or from a live one when the connections were shut down, is then replaced as well.
+sooner, after ORPHAN_S, when a thread of the rank waits in a receive or a send that gloo can no longer end: gloo's
+tcp transport fails every operation of a connection that closes, except the two it had begun, a receive whose
+message had begun to arrive and a send whose message it had begun to write, which wait for the group's timeout
+(30 min by default). A survivor that was receiving from or sending to the dead rank, or a live one when the
+connections were shut down, is then replaced as well.
 recover() first shuts down this rank's connections in the broken group, so that every peer's pending
 collective with it fails at once, then leaves the group without freeing it (_broken: the group is
 held from the moment it formed, so a script that destroyed it already cannot free it either), waits
@@ -67,10 +68,13 @@ COUNTED_KEY = "trainpod/inprocess/counted/{}"  # set by the keeper once it count
 RECOVERY_WAIT_S = 3.0  # after a failed collective, how long a new generation may take to be counted
 REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacement starts, loads its data)
 STUCK_S = 10.0  # after the watch left this rank's group: how long its main thread may stay where it was, idle
-ORPHAN_S = 2.0  # ... and when to look (py-spy, every ORPHAN_S) whether it waits on a receive that nothing can end
-# The wait of a gloo receive: once its message began to arrive, the connection's failure no longer reaches it
-# (gloo/transport/tcp/pair.cc, Pair::signalException, fails the pending operations but not the one being read).
-ORPHANED_RECEIVE = "gloo::transport::tcp::UnboundBuffer::waitRecv"
+ORPHAN_S = 2.0  # ... and when to look (py-spy, every ORPHAN_S) whether it waits on a receive or send that nothing can end
+# The waits of a gloo receive and send (what this rank says of each): once a receive's message began to arrive, or a
+# send's began to be written, the connection's failure no longer reaches it. gloo/transport/tcp/pair.cc's
+# Pair::signalException fails the pending operations, but not the one being read (the pair's rx_), and of the ones
+# being written (its tx_) only those of bound buffers, while every collective's are unbound.
+ORPHANED = {"gloo::transport::tcp::UnboundBuffer::waitRecv": "a receive",
+            "gloo::transport::tcp::UnboundBuffer::waitSend": "a send"}
 _POLL_S = 0.005
 _SPY_S = 10.0  # how long py-spy may take to read this process's stacks (longer on a loaded machine; not STUCK_S, which tests set low)
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
@@ -225,8 +229,8 @@ def _recover_or_end(watched: int) -> None:
     main thread stays where it was when the group was given up, idle, for STUCK_S: in a collective that the
     connections shut down did not end. (Seen under load: DDP's finalize_backward waiting for a bucket's
     allreduce, while every other rank waited at the next generation.) Every ORPHAN_S of that, it looks at the
-    rank's native stacks, and ends it at once when a thread waits in a receive that gloo no longer ends
-    (ORPHANED_RECEIVE). A main thread that computes there (a long backward pass) is let be; one that moves is
+    rank's native stacks, and ends it at once when a thread waits in a receive or send that gloo no longer ends
+    (ORPHANED). A main thread that computes there (a long backward pass) is let be; one that moves is
     watched from where it went (to recover(), which ends the watch, or into another wait)."""
     main = threading.main_thread()
     stuck_at, cpu, since = _where(main), _cpu_s(main.native_id), time.monotonic()
@@ -248,9 +252,10 @@ def _recover_or_end(watched: int) -> None:
             look_at = now + ORPHAN_S
         idle = _cpu_s(main.native_id) - cpu < 0.05 * (now - since) and generation() == watched
         stacks = _native_stacks() if idle and (looking or stuck) else ""  # once a turn, for both rules
-        if looking and ORPHANED_RECEIVE in stacks:
-            _end(f"a receive in progress when its group was given up ({ORPHANED_RECEIVE}), which gloo ends only at "
-                 f"the group's timeout, after {now - since:.1f}s idle in {stuck_at[2]}{_kept(stacks)}")
+        orphaned = [wait for wait in ORPHANED if wait in stacks] if looking else []
+        if orphaned:
+            _end(f"{ORPHANED[orphaned[0]]} in progress when its group was given up ({orphaned[0]}), which gloo ends only "
+                 f"at the group's timeout, after {now - since:.1f}s idle in {stuck_at[2]}{_kept(stacks)}")
         if stuck:
             if idle:
                 _end(f"still idle in {stuck_at[2]} {STUCK_S:g}s after its group was given up{_main_wait(stacks)}"

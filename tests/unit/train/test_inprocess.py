@@ -285,7 +285,7 @@ ORPHAN = textwrap.dedent("""
     import sys, time, torch
     from trainpod.train import inprocess
 
-    inprocess.STUCK_S = 60.0  # within the test's bounds only the look for a receive that gloo no longer ends can end it
+    inprocess.STUCK_S = 60.0  # within the test's bounds only the look for a wait that gloo no longer ends can end it
     inprocess.init_process_group("gloo")
     data = torch.zeros(16 * 2**20)  # 64 MiB: far more than the two sockets buffer while the receiver is stopped
     if sys.argv[1] == "0":
@@ -306,12 +306,15 @@ ORPHAN = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not shutil.which("py-spy"), reason="the look at the native stacks needs py-spy")
-def test_a_rank_whose_receive_was_cut_mid_message_ends_without_waiting_out_the_stuck_rank_watch(tmp_path, store):
+@pytest.mark.parametrize("cut", ["receive", "send"])
+def test_a_rank_whose_receive_or_send_was_cut_mid_message_ends_without_waiting_out_the_stuck_rank_watch(tmp_path, store, cut):
     # gloo's tcp transport fails every pending operation of a connection that closes, but not a receive whose message
-    # had begun to arrive: it waits for the group's timeout (30 min). The choreography makes one: the receiver is
-    # stopped, the sender fills both sockets' buffers with the start of its message and is killed, the receiver goes on
-    # to read that start and then the end of the connection. If this rank says "failed: Connection closed" instead,
-    # gloo now fails such a receive at once, and the in-process tests' allowance for it (fixtures.stuck_stacks) can go.
+    # had begun to arrive, nor a send whose message had begun to be written: either waits for the group's timeout (30
+    # min). The choreography makes both: the receiver is stopped, the sender fills both sockets' buffers with the start
+    # of its message. Then, for a cut receive, the sender is killed, and the receiver goes on to read that start and
+    # then the end of the connection; for a cut send, the receiver is killed, and the sender's send stays where it was.
+    # If the rank left says "failed: ..." instead, gloo now fails such an operation at once, and the in-process tests'
+    # allowance for it (fixtures.stuck_stacks) can go.
     import time
 
     store, port = store
@@ -319,6 +322,7 @@ def test_a_rank_whose_receive_was_cut_mid_message_ends_without_waiting_out_the_s
     ranks = [subprocess.Popen([sys.executable, "-c", ORPHAN, str(rank), str(MOVES_AFTER_S)], env={**env, "RANK": str(rank)},
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
+    left, killed = (0, 1) if cut == "receive" else (1, 0)
     try:
         assert ranks[1].stdout.readline() == "formed\n"
         assert ranks[0].stdout.readline() == "posted\n"
@@ -327,22 +331,25 @@ def test_a_rank_whose_receive_was_cut_mid_message_ends_without_waiting_out_the_s
         ranks[1].stdin.flush()
         assert ranks[1].stdout.readline() == "sending\n"
         time.sleep(1.0)  # the sender blocks once the buffers are full
-        ranks[1].kill()
-        ranks[1].wait()
-        os.kill(ranks[0].pid, signal.SIGCONT)
+        ranks[killed].kill()
+        ranks[killed].wait()
+        if cut == "receive":
+            os.kill(ranks[0].pid, signal.SIGCONT)
         store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of the killed rank does
         started = time.monotonic()
-        out, err = ranks[0].communicate(timeout=30)
+        out, err = ranks[left].communicate(timeout=30)
         ended = time.monotonic() - started
     finally:
         for rank in ranks:
             rank.kill()
             rank.wait()
-    assert ranks[0].returncode == -9, (out, err)
+    assert ranks[left].returncode == -9, (out, err)
     line = err.strip().splitlines()[-1]
-    assert line.startswith(f"trainpod: rank 0: a receive in progress when its group was given up ({inprocess.ORPHANED_RECEIVE}), "
+    wait = f"gloo::transport::tcp::UnboundBuffer::wait{'Recv' if cut == 'receive' else 'Send'}"
+    assert inprocess.ORPHANED[wait] == f"a {cut}"
+    assert line.startswith(f"trainpod: rank {left}: a {cut} in progress when its group was given up ({wait}), "
                            "which gloo ends only at the group's timeout, after "), err
-    assert line.endswith("-rank0-stuck.txt): the rank ends, and its keeper replaces it"), line
+    assert line.endswith(f"-rank{left}-stuck.txt): the rank ends, and its keeper replaces it"), line
     assert ended < MOVES_AFTER_S + inprocess.ORPHAN_S + 8, ended  # its first look there, on a loaded machine (STUCK_S: 60 s)
 
 
