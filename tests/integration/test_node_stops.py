@@ -79,7 +79,10 @@ def wait_for_steps(node0, node1, timeout: float = 180) -> None:
 
 def trainpod_lines(text: str, node: int) -> list[str]:
     """trainpod's own lines (`trainpod: ...`), not a rank's, nor a path to trainpod's files in a C++ stack that torch
-    printed (a frame of libc10.so under /opt/trainpod/venv once failed this test, the stack's origin not shown)."""
+    printed: a frame of libc10.so under /opt/trainpod/venv once failed this test. torch's TCPStore client prints its C++
+    frames with the warning `recvValueWithTimeout failed ... Did the remote server shutdown or crash?` (TCPStore.cpp)
+    when the store's host goes away: here node0's agent, which hosts the rendezvous' store, and node1's agent's
+    keep-alive heartbeat reads from it (tests/unit/rendezvous/test_node_order.py prints the same as a node is lost)."""
     return [line for line in text.splitlines() if "trainpod: " in line and not line.startswith(f"[node{node} rank")]
 
 

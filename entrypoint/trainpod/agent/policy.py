@@ -374,7 +374,7 @@ class AgentPolicy:
         """torch put this node on the rendezvous' redundancy list (trainpod.rendezvous.node_order.when_spare): said once
         per wait, shown by the metrics until it joins a round."""
         if self._spare:
-            return  # its join was written again (another node's write came first): the same wait
+            return  # said already for this wait
         self._spare = True
         spares = self.run_spec.topology.rdzv.spares
         declared = f" and --spares {spares}" if spares else " (--spares 0: the job declares none)"

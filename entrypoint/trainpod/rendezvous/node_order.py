@@ -77,6 +77,21 @@ _joined: dict = {}  # node descriptor of a handler in this process -> the round 
 _rejoining: set = set()  # nodes of handlers in this process between leaving a round and joining the next one
 _leaving: set = set()  # nodes of handlers in this process that leave their rendezvous for good (leave())
 _spare_hooks: dict = {}  # node -> called when torch puts it on the redundancy list (when_spare())
+_spares: set = set()  # nodes of handlers in this process whose hook was called for their present wait there
+
+
+def _say_spare(ctx) -> None:
+    """Call the node's spare hook once per wait on the redundancy list, once a state it read holds it there: not when
+    torch decides to put it there, a write that another node's may beat (then it is decided and written again). Said
+    at the decision, the line came while the rendezvous did not know of the spare yet: a node lost at once after it
+    (seen in CI, a kill a second after the line) left the survivors expecting no one, and their round closed at two,
+    then restarted for the spare."""
+    if ctx.node in getattr(ctx.state, "redundancy_list", ()):
+        if ctx.node in _spare_hooks and ctx.node not in _spares:
+            _spares.add(ctx.node)
+            _spare_hooks[ctx.node](ctx.settings.max_nodes)
+    else:
+        _spares.discard(ctx.node)
 logger = logging.getLogger(__name__)
 
 
@@ -103,9 +118,9 @@ def leave(handler) -> None:
 
 
 def when_spare(handler, hook) -> None:
-    """Call `hook(max_nodes)` when `handler`'s node comes to a round that has --nnodes' maximum already, and torch puts
-    it on the redundancy list: a spare, which waits, trains nothing, and joins the first round with room for it
-    (a node left) without a restart of the others."""
+    """Call `hook(max_nodes)` when `handler`'s node comes to a round that has --nnodes' maximum already, and torch put
+    it on the redundancy list (once the state holds it there: _say_spare): a spare, which waits, trains nothing, and
+    joins the first round with room for it (a node left) without a restart of the others."""
     node = getattr(handler, "_this_node", None)
     if node is not None:
         _install()
@@ -273,15 +288,13 @@ def _install() -> None:
     def join(self, ctx, deadline: float):
         _rejoining.discard(ctx.node)  # at its next round now: a participant, or on a list, each with its heartbeat
         state = ctx.state
+        _say_spare(ctx)
         if (state.complete and not state.closed and ctx.node not in state.participants
                 and _joined.get(ctx.node) == state.round and completed_world(state, ctx.node) is not None):
             return _Action.FINISH  # dropped as its round completed: still one of its world (the module docstring)
         if closes_now(state, ctx.node, ctx.settings.min_nodes):
             return _Action.MARK_RENDEZVOUS_COMPLETE  # every live node it expects is in: no last call to wait out
-        action = torch_join(self, ctx, deadline)
-        if action == _Action.ADD_TO_REDUNDANCY_LIST and ctx.node in _spare_hooks:
-            _spare_hooks[ctx.node](ctx.settings.max_nodes)
-        return action
+        return torch_join(self, ctx, deadline)
 
     def exit(self, ctx, deadline: float):
         _joined.pop(ctx.node, None)  # leaving its round (next_rendezvous' first step): a member of none until it joins

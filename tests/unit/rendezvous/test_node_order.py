@@ -1,5 +1,6 @@
 """trainpod.rendezvous.node_order: a fixed-size job's nodes get the ranks the platform numbered them with."""
 
+import pickle
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -193,11 +194,17 @@ def test_a_spare_beyond_the_maximum_takes_a_lost_nodes_place_at_the_same_world()
     assert node_order.members(made[0]) == {handler._this_node for handler in made[:3]}
     spare: dict[int, tuple[int, int]] = {}
     said = []
-    node_order.when_spare(made[3], said.append)
+
+    def waits_as_spare(max_nodes: int) -> None:  # the agent's line; and whether the others could see the spare then
+        state = pickle.loads(made[0]._state_holder._backend.get_state()[0])
+        said.append((max_nodes, made[3]._this_node in state.redundancy_list))
+
+    node_order.when_spare(made[3], waits_as_spare)
     waiting = threading.Thread(target=lambda: spare.update(meet(made[3:])), daemon=True)
     waiting.start()  # torch puts it on the redundancy list: the full round goes on, not restarted for it
     time.sleep(2)
-    assert waiting.is_alive() and made[0].num_nodes_waiting() == 0 and said == [3]  # the agent's line: once
+    # said once, and only once the rendezvous held it there: a node lost right after the line is replaced by the spare
+    assert waiting.is_alive() and made[0].num_nodes_waiting() == 0 and said == [(3, True)]
     lose(made[1])
     started = time.monotonic()
     worlds = meet([made[0], made[2]])
