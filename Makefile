@@ -293,25 +293,19 @@ docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 # there took longer to start than its rendezvous' and checks' bounds; on this one 4 were no faster than 3 (the cores
 # were already busy: docs/results.md, "The test suite"). The integration layer ends with its 25 slowest tests, where
 # the suite's time goes. PYTEST_ARGS: more of pytest's flags, for both layers.
-# The tests write bytecode caches (__pycache__/, ignored by git, the images' build context and trainpod's wheel), even
-# where the environment says not to (PYTHONDONTWRITEBYTECODE, set on the build machines and in CI): without them every
-# process that imports the checkout's modules compiles each one from its source again (each launcher, supervisor and
-# agent of a job on this host, each test's launcher; the images hold their own caches), and every pytest worker
-# rewrites the asserts of every test module.
 UNIT_WORKERS ?= 4
 INTEGRATION_WORKERS ?= 3
 PYTEST_ARGS ?=
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest
 test: setup images lint ## provision, build the images, lint, then the unit tests, then the integration tests (but the CUDA images')
-	$(PYTEST) tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not cuda_images" $(PYTEST_ARGS)
-	$(PYTEST) tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not cuda_images" \
+	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not cuda_images" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not cuda_images" \
 		--durations=25 $(PYTEST_ARGS)
 
 # The CUDA images without a GPU (tests/integration/test_cuda_images.py): built, then smoke-tested.
 # CI runs it after `make test`, with Apex's source from ../shared/vendor and only the Apex extensions
 # the examples use (.ci/run; docs/images.md, "In CI", says why).
 test-cuda: setup images-cuda ## provision, build the CUDA images, then their smoke tests (no GPU needed)
-	$(PYTEST) tests -m cuda_images
+	$(PYTHON) -m pytest tests -m cuda_images
 
 # The demo builds only the image it runs: TRAINPOD_IMAGE (compose/pai-2node), trainpod:cpu by default.
 DEMO_FLAVOR := $(patsubst trainpod:%,%,$(or $(TRAINPOD_IMAGE),trainpod:cpu))
