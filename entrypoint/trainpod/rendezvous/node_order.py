@@ -79,12 +79,14 @@ _leaving: set = set()  # nodes of handlers in this process that leave their rend
 _spare_hooks: dict = {}  # node -> called when torch puts it on the redundancy list (when_spare())
 _spares: set = set()  # nodes of handlers in this process whose hook was called for their present wait there
 
+logger = logging.getLogger(__name__)
+
 
 def _say_spare(ctx) -> None:
     """Call the node's spare hook once per wait on the redundancy list, once a state it read holds it there: not when
     torch decides to put it there, a write that another node's may beat (then it is decided and written again). Said
     at the decision, the line came while the rendezvous did not know of the spare yet: a node lost at once after it
-    (seen in CI, a kill a second after the line) left the survivors expecting no one, and their round closed at two,
+    (seen in a suite run: a kill a second after the line) left the survivors expecting no one, and their round closed at two,
     then restarted for the spare."""
     if ctx.node in getattr(ctx.state, "redundancy_list", ()):
         if ctx.node in _spare_hooks and ctx.node not in _spares:
@@ -92,7 +94,6 @@ def _say_spare(ctx) -> None:
             _spare_hooks[ctx.node](ctx.settings.max_nodes)
     else:
         _spares.discard(ctx.node)
-logger = logging.getLogger(__name__)
 
 
 def hold(handler) -> None:
