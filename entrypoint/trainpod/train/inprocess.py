@@ -252,9 +252,9 @@ def _recover_or_end(watched: int) -> None:
             look_at = now + ORPHAN_S
         idle = _cpu_s(main.native_id) - cpu < 0.05 * (now - since) and generation() == watched
         stacks = _native_stacks() if idle and (looking or stuck) else ""  # once a turn, for both rules
-        orphaned = [wait for wait in ORPHANED if wait in stacks] if looking else []
+        orphaned = next((wait for wait in ORPHANED if wait in stacks), None) if looking else None
         if orphaned:
-            _end(f"{ORPHANED[orphaned[0]]} in progress when its group was given up ({orphaned[0]}), which gloo ends only "
+            _end(f"{ORPHANED[orphaned]} in progress when its group was given up ({orphaned}), which gloo ends only "
                  f"at the group's timeout, after {now - since:.1f}s idle in {stuck_at[2]}{_kept(stacks)}")
         if stuck:
             if idle:
