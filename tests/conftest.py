@@ -1,7 +1,10 @@
 """Settings for every test directory."""
 
 import os
+import sys
+import threading
 
+import pytest
 from hypothesis import settings
 
 # testcontainers' reaper (Ryuk) is an image from Docker Hub, which this project never pulls (images are built
@@ -27,3 +30,22 @@ def pytest_collection_finish(session):
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _rendezvous_heartbeats_end_with_their_test():
+    """Stop the keep-alive heartbeat of every torch rendezvous handler a test left in this process. Such a thread
+    outlives its test wherever something still holds its handler (a hook in a module's registry, a thread still in a
+    round), and once the test's store server is gone it writes the TCPStore client's warning, C++ frames and all, to
+    this worker's stderr each second: a later test that reads its own stderr saw 66 lines it never wrote (CI,
+    test_preemption after test_node_order's spare test)."""
+    yield
+    if "torch.distributed.elastic.rendezvous.utils" not in sys.modules:
+        return
+    for thread in threading.enumerate():
+        # torch's _PeriodicTimer runs its thread with its context, whose stop_event ends it at the next interval;
+        # Thread keeps its target's arguments until the target returns
+        context = next(iter(getattr(thread, "_args", ())), None)
+        if thread.name.startswith("RendezvousKeepAliveTimer_") and hasattr(context, "stop_event"):
+            context.stop_event.set()
+            thread.join(10)
