@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from plugins.timeline import without_group
 
+from fixtures import docker_env
 from fixtures.docker_env import require_docker
 from fixtures.etcd import etcd, etcd_v2  # noqa: F401 (pytest fixtures: one etcd per module that asks)
 
@@ -15,6 +16,22 @@ DURATIONS = Path(__file__).with_name("durations.json")
 @pytest.fixture(scope="session")
 def docker_ready():
     require_docker()
+
+
+def pytest_runtest_setup(item):
+    docker_env._DESCRIBED.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report says what the containers it left running were doing (fixtures.container_stacks), before
+    its fixtures take them down: a job that stopped making progress is seen as it was, not only by its last lines."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        text = docker_env.describe(docker_env.live_containers())
+        if text:
+            report.sections.append(("the test's containers as it failed", text))
 
 
 def pytest_collection_modifyitems(items):
