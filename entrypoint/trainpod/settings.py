@@ -490,10 +490,11 @@ LOCK_TIMEOUT = Setting(
 SUPERVISION = (MAX_RESTARTS, RESTART_BACKOFF, PROGRESS_WINDOW, REJOIN_TIMEOUT, TERM_GRACE, NO_SUPERVISE, LOCK_TIMEOUT)
 
 HANG_TIMEOUT = Setting(
-    "hang_timeout", "seconds a rank may wait in a collective for a rank that is stopped, idle or gone before the "
-    "agent writes every rank's stack to TRAINPOD_OUTPUT_DIR/hangs, names the ranks behind and restarts the worker "
-    "group as a failure (124 when no restart is left); where every rank reports its steps, the job's pace bounds it "
-    "sooner: max(8 s, 5 x the slowest rank's median step); 0 turns the watch off", Number(minimum=0),
+    "hang_timeout", "seconds a rank may wait in a collective for a rank that is stopped, idle or gone (or every rank "
+    "be idle outside a collective) before the agent writes every rank's stack to TRAINPOD_OUTPUT_DIR/hangs, names the "
+    "ranks behind and restarts the worker group as a failure (124 when no restart is left); where every rank reports "
+    "its steps, the job's pace bounds a wait for a rank sooner: max(8 s, 5 x the slowest rank's median step); 0 turns "
+    "the watch off", Number(minimum=0),
     var="TRAINPOD_HANG_TIMEOUT", default=120.0)
 STRAGGLER_WINDOW = Setting(
     "straggler_window", "seconds a rank's own work per step (trainpod.train.progress.measure: the bundled examples "

@@ -75,6 +75,8 @@ def test_the_data_parallel_example_trains_in_one_container(docker_ready):
                  "--epochs", "1", "--synthetic-samples", "512", "--output-dir", "/tmp/out", timeout=300)
     metrics = parse_metrics_line(result.stdout)  # the summary line; metrics.json went with the container
     assert (metrics["example"], metrics["world_size"], metrics["ranks_agree"]) == ("cifar10-dp", 1, True)
+    said = result.stdout + result.stderr
+    assert "hang:" not in said and "restarting" not in said, said[-4000:]  # fresh75: once stalled before its first step
 
 
 def test_a_worker_whose_master_never_comes_up_exits_69(job):

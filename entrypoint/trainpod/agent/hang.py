@@ -14,9 +14,12 @@ when, for --hang-timeout seconds,
   sleeping, blocked on a lock or a dead socket) or gone (exited while the others wait);
 
 or when every rank of the job has been waiting in a collective that cannot complete (a rank
-skipped one and sits in the next: the ranks disagree about the collective). A rank that computes
-or reads data is BUSY, so a long compute or data phase is never a hang as long as no rank waits on
-an idle one; a rank whose step advances is busy whatever its stack.
+skipped one and sits in the next: the ranks disagree about the collective); or when every rank of
+the job has been stopped or idle, none computing and none in a collective (a one-process job, or
+ranks that all sleep or block outside torch.distributed: a deadlock of the script's own, a queue
+that no producer fills), judged by --hang-timeout alone, never by the pace: what every rank waits
+for is outside the job. A rank that computes or reads data is BUSY, so a long compute or data phase
+is never a hang; a rank whose step advances is busy whatever its stack.
 
 How long: where every rank reports its steps, the job knows its pace, and the bound is
 max(ADAPTIVE_FLOOR_S, ADAPTIVE_FACTOR x the slowest rank's median step), if that is shorter than
@@ -261,6 +264,11 @@ def decide(views: Iterable[RankView], now: float, timeout: float, world_size: in
     views = sorted(views, key=lambda v: v.rank)
     waiting = [v for v in views if v.kind == WAITING]
     behind = [v for v in views if v.kind in BEHIND_KINDS]
+    if world_size and len(views) == world_size and all(v.kind in (STOPPED, IDLE) for v in views):
+        start = max(v.since for v in views)  # every rank idle: none is waited for, so --hang-timeout, not the pace
+        if now - start < timeout:
+            return None
+        return Verdict(behind=tuple(views), waiting=(), stalled_for=now - start, limit=timeout)
     if world_size and len(views) < world_size:
         bound, pace = timeout, 0.0  # a node's views are missing: the pace of the whole job is not known
     else:
@@ -325,6 +333,8 @@ def describe(verdict: Verdict, here: str) -> str:
         head = "the ranks wait in different collectives" if verdict.mismatch else "every rank waits in the same collective"
         return f"{_stalled(verdict)}, {head} ({sites}); out of step: {odd}"
     behind = "; ".join(_behind(v, here) for v in verdict.behind)
+    if not verdict.waiting:
+        return f"{_stalled(verdict)}; every rank is idle, none computing or in a collective: {behind}"
     calls = sorted({v.call for v in verdict.waiting if v.call})
     verb = "waits" if len(verdict.waiting) == 1 else "wait"
     wait = f"{_ranks(verdict.waiting)} {verb} for {'it' if len(verdict.behind) == 1 else 'them'}"

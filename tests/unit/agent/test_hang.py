@@ -147,6 +147,34 @@ def test_sleeping_before_init_while_the_others_wait_in_it():
     assert "ranks 0, 2 wait for it in init_process_group" in line
 
 
+def test_every_rank_idle_outside_a_collective_is_a_hang_after_the_hang_timeout():
+    # a one-process job, or ranks that all block outside torch.distributed: no rank waits for another, and before
+    # this rule nothing was ever named (a DataParallel run that stopped making progress sat there for good)
+    assert decide([run(0, sleeping, 9)], 9.0, timeout=10, world_size=1) is None
+    verdict = decide([run(0, sleeping, 10)], 10.0, timeout=10, world_size=1)
+    assert [v.rank for v in verdict.behind] == [0] and verdict.waiting == () and verdict.stalled_for == 10.0
+    assert describe(verdict, "0") == ("hang: no progress for 10s; every rank is idle, none computing or in a collective: "
+                                      "rank 0 idle (no CPU, same stack) at app/data.py:9 in load_batch, step 7")
+    both = decide([run(0, sleeping, 12), run(1, stopped, 12, node="1")], 12.0, timeout=10, world_size=2)
+    assert [v.rank for v in both.behind] == [0, 1]
+    assert "; rank 1 on node1 stopped at app/train.py:33 in main, step 7" in describe(both, "0")
+    # not while one rank computes, nor while a node's ranks are not seen (its views missing), nor without the world
+    assert decide([run(0, sleeping, 30), run(1, computing, 30)], 30.0, timeout=10, world_size=2) is None
+    assert decide([run(0, sleeping, 30)], 30.0, timeout=10, world_size=2) is None
+    assert decide([run(0, sleeping, 30)], 30.0, timeout=10) is None
+
+
+def test_every_rank_idle_in_a_paced_job_is_judged_by_the_hang_timeout_not_its_pace():
+    views = [paced(0, 0.1, 20, sleeping, 60), paced(1, 0.1, 20, sleeping, 60)]
+    assert views[0].step_s == pytest.approx(0.1)  # a pace known, which would bound a wait for a rank at 8 s
+    assert decide(views, 20 + 39, timeout=40, world_size=2) is None
+    verdict = decide(views, 20 + 40.5, timeout=40, world_size=2)
+    assert verdict is not None and verdict.limit == 40 and verdict.step_s == 0
+    from trainpod.agent.hangwatch import verdict_from_json, verdict_to_json
+
+    assert describe(verdict_from_json(verdict_to_json(verdict)), "0") == describe(verdict, "0")
+
+
 def test_a_long_compute_phase_is_never_a_hang_even_with_ranks_waiting_for_it():
     views = [run(0, computing, 300), run(1, waiting(), 300), run(2, waiting(), 300)]
     assert decide(views, 300.0, timeout=10) is None

@@ -69,6 +69,29 @@ def test_a_waiting_rank_and_an_idle_one_make_a_verdict_both_are_killed_and_their
     assert [v["rank"] for v in summary["behind"]] == [7]
 
 
+def test_a_one_rank_job_idle_outside_a_collective_is_named_and_killed_after_the_timeout(tmp_path):
+    rank = spawn(SLEEPER)
+    try:
+        lines = []
+        watch = hangwatch.Watch(timeout=2.0, node="0", say=lines.append, env={"TRAINPOD_PROGRESS_DIR": str(tmp_path),
+                                                                            "TRAINPOD_OUTPUT_DIR": str(tmp_path / "out")})
+        watch.prepare()
+        started = time.monotonic()
+        watch.start([hangwatch.Worker(0, 0, rank.pid)], world_size=1)
+        while watch.verdict() is None:
+            assert time.monotonic() - started < 15, lines
+            time.sleep(0.1)
+        assert time.monotonic() - started >= 2.0
+        watch.stop()
+        assert rank.wait(timeout=5) == -9
+        assert lines[0].startswith("hang: no progress for ") and ("; every rank is idle, none computing or in a "
+                                                                  "collective: rank 0 idle (no CPU, same stack) at "
+                                                                  "<string>:3 in load_batch, no step reported; ") in lines[0]
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def test_busy_ranks_make_no_verdict(tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
