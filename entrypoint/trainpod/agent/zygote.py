@@ -24,6 +24,14 @@ state. What it does not keep:
 - its death signal (a fork does not inherit it): it dies with the job's process, which is the agent,
   as warm_server's server does; then its session and signal dispositions (trainpod.agent.warm_server).
 
+Only the main thread of the job's process runs torch's import (trainpod.supervisor.job). MKL, whose code the import
+runs, keeps state per thread, and a copy forked after another thread ran it can inherit MKL's allocator lock
+held, even once Python has joined that thread and the kernel has ended it: the copy holds it for good, and so does
+every rank forked from it, each spinning at its first matrix product that needs a buffer (seen in the suite: both
+ranks of a job at 100 % CPU before their first step, for as long as the test waited). A thread the job's process
+joined just before (its checks') is also waited for until the kernel has ended it (ended()): no native code of it
+runs as the copy is made.
+
 The copy is not made where it could not be what multiprocessing would have started: another thread runs
 in the job's process (a fork copies one thread, and whatever locks the others held), CUDA is initialised
 there (a forked child cannot use it), or this Python's forkserver is not the one this module speaks to
@@ -43,6 +51,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from multiprocessing import connection, forkserver, reduction, resource_tracker, util
 
@@ -50,6 +59,7 @@ from trainpod import failpoints, proctitle
 from trainpod.supervisor import orphans
 
 NAME = "fork-server"  # the copy's /proc/PID/comm (`pgrep -x fork-server`)
+ENDED_S = 5.0  # at most, for the kernel to end a thread that Python has joined (microseconds, unless off the CPU)
 _MAIN_PARAMETERS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
 _RECORDS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
 
@@ -142,11 +152,25 @@ def why_not() -> str | None:
     return None
 
 
-def fork() -> Zygote | None:
+def ended(thread: threading.Thread, timeout: float = ENDED_S) -> bool:
+    """Whether the kernel has ended `thread`, a thread this process joined, within `timeout` seconds: no native code
+    of it runs any more (the module docstring). Its task leaves /proc/self/task then; a thread's id is only ever
+    reused by this process for a thread it starts, and none starts while this waits."""
+    task = f"/proc/self/task/{thread.native_id}"
+    deadline = time.monotonic() + timeout
+    while os.path.exists(task):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def fork(joined: Sequence[threading.Thread] = ()) -> Zygote | None:
     """Fork the waiting copy of this process (see the module docstring), unless why_not() says it could not
-    serve; returns the handle (also current()). Call it in the main thread, where nothing else runs."""
+    serve or a thread of `joined` (threads this process joined just before) has not ended yet; returns the handle
+    (also current()). Call it in the main thread, where nothing else runs."""
     global _current
-    if _current is not None or why_not() is not None:
+    if _current is not None or why_not() is not None or not all(ended(thread) for thread in joined):
         return _current
     parent = os.getpid()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -49,19 +49,17 @@ def run(spec: RunSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     """Preflight, then this process becomes the agent (torchrun) and exits with its code. (The
     topology's warnings were printed once, by the outer run.)"""
     say = log.writer(spec.topology.node_rank)
-    importing = _import_the_launcher()
     try:
-        topology = run_preflight(spec.topology, env, connect_timeout=spec.connect_timeout, log=say, target=spec.target)
+        topology, checks = _check_while_importing(spec, env, say)
     except TrainpodError as error:
         # Said once, by the job; recorded as the job's end where retrying cannot help (64, 78).
         if error.exit_code != EXIT_UNAVAILABLE:
             _end_job(spec, env, error.exit_code)
-        importing.join()  # an exit with the import half done could end in a crash rather than this code
         raise
     # torch imported (and before the environment changes: glibc's getenv in torch's libraries races setenv): the
-    # job's copy of itself, the node's fork server to be, shares the import
-    importing.join()
-    zygote.fork()  # before any thread, lock or connection of the agent's (trainpod.agent.zygote)
+    # job's copy of itself, the node's fork server to be, shares the import; before any thread, lock or connection
+    # of the agent's, and once the checks' thread has ended in the kernel too (trainpod.agent.zygote)
+    zygote.fork(joined=[checks])
     held = _hold_directories(spec, say, env)
     note = gloo_fallback_note(topology, devices.torch_cuda_version())
     if note:
@@ -136,23 +134,44 @@ def _job_over(code: int, spec: RunSpec, env: Mapping[str, str]) -> bool:
     return code == 0 or budget is None or budget.load().final is not None
 
 
-def _import_the_launcher() -> threading.Thread:
-    """Import torch's launcher (most of the agent's start) on a thread while the checks run: on a node
-    that waits for the master, the wait and the import overlap instead of adding up (torchrun, which
-    does not wait, imports first and then retries the master's store). A failed import is left to the
-    agent's own import, which raises it again in the main thread (Python forgets a failed module)."""
+def _check_while_importing(spec: RunSpec, env: Mapping[str, str], say: log.Log) -> tuple[Topology, threading.Thread]:
+    """The preflight checks on a thread of their own while this thread, the main one, imports torch's launcher (most
+    of the agent's start): on a node that waits for the master, the wait and the import overlap instead of adding up
+    (torchrun, which does not wait, imports first and then retries the master's store). Returns the checked topology
+    and the checks' thread (joined); what the checks raised is raised here, once the import is done.
 
-    def load() -> None:
+    Not the other way round: the node's fork server is a copy of this process (trainpod.agent.zygote), and torch's
+    import runs MKL code, which keeps state per thread: a copy forked after another thread ran it can inherit MKL's
+    allocator lock held, even once that thread was joined and the kernel ended it, and the copy and every rank forked
+    from it then spin at their first matrix product, at 100 % CPU, for good. Seen in the suite: a job's ranks busy
+    and silent before their first step."""
+    outcome: list = []
+
+    def check() -> None:
         try:
-            import torch.distributed.run  # noqa: F401
+            outcome.append(run_preflight(spec.topology, env, connect_timeout=spec.connect_timeout, log=say,
+                                         target=spec.target))
+        except BaseException as error:  # noqa: BLE001 (raised again in the main thread, below)
+            outcome.append(error)
 
-            import trainpod.agent.agent  # noqa: F401
-        except BaseException:  # noqa: BLE001, S110 (raised again by the agent's import)
-            pass
-
-    thread = threading.Thread(target=load, name="trainpod-import", daemon=True)
+    thread = threading.Thread(target=check, name="trainpod-preflight", daemon=True)
     thread.start()
-    return thread
+    _import_the_launcher()
+    thread.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0], thread
+
+
+def _import_the_launcher() -> None:
+    """Import torch's launcher and trainpod's agent, in the main thread (_check_while_importing says why). A failed
+    import is left to the agent's own import, which raises it again (Python forgets a failed module)."""
+    try:
+        import torch.distributed.run  # noqa: F401
+
+        import trainpod.agent.agent  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 (raised again by the agent's import)
+        pass
 
 
 def _generation(topology: Topology, timeout: float) -> tuple[Topology, dict[str, str]]:

@@ -22,14 +22,18 @@ ENV["PYTHONPATH"] = ENTRYPOINT
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork, /proc and PR_SET_PDEATHSIG are Linux's")
 
-# As the job's process does: torch imported (with no OMP_NUM_THREADS: OpenMP takes every core), the copy forked,
+# As the job's process does: torch imported (with no OMP_NUM_THREADS: OpenMP takes every core) on the main thread,
+# the copy forked once the checks' thread ended,
 # then the launch plan's variables set and the server started for the agent. The rank says who its parent is,
 # what it sees of the variables set after the fork, and torch's thread count.
 DRIVER = textwrap.dedent("""
-    import multiprocessing, os, sys
+    import multiprocessing, os, sys, threading
     import torch
     from trainpod.agent import warm, zygote
-    copy = zygote.fork()
+    checks = threading.Thread(target=lambda: None)  # the job's preflight thread, joined
+    checks.start()
+    checks.join()
+    copy = zygote.fork(joined=[checks])
     os.environ.update(OMP_NUM_THREADS="1", TP_TEST_LATE="set after the fork")
     warm.start_server([warm.PRELOAD[0], "json"])
     rank = multiprocessing.get_context(warm.START_METHOD).Process(target=warm.run_rank, args=("script", sys.argv[1]))
@@ -39,6 +43,7 @@ DRIVER = textwrap.dedent("""
 """)
 RANK = textwrap.dedent("""
     import os, torch
+    torch.mm(torch.ones(64, 512), torch.ones(512, 256))  # MKL's allocator (trainpod.supervisor.job): not held
     parent = os.getppid()
     print("rank", parent, open(f"/proc/{parent}/comm").read().strip(), os.environ.get("TP_TEST_LATE"),
           torch.get_num_threads(), flush=True)
@@ -97,6 +102,14 @@ def test_a_copy_no_one_asks_for_exits_when_discarded_or_when_the_jobs_process_di
     finally:
         job.kill()
         job.wait()
+
+
+def test_a_joined_thread_has_ended_once_the_kernel_lists_it_no_more():
+    thread = threading.Thread(target=time.sleep, args=(0.2,))
+    thread.start()
+    assert not zygote.ended(thread, timeout=0)  # running: its task is listed
+    thread.join()
+    assert zygote.ended(thread) and not os.path.exists(f"/proc/self/task/{thread.native_id}")
 
 
 def test_no_copy_is_made_while_another_python_thread_runs():

@@ -65,20 +65,57 @@ def test_an_elastic_etcd_spec_round_trips_through_json():
     assert again == spec and again.topology.rdzv.elastic and again.topology.node_rank is None
 
 
-def test_the_launcher_is_imported_beside_the_checks_and_a_failed_import_is_left_to_the_agent():
-    """trainpod.supervisor.job imports torch's launcher on a thread while the preflight waits for the master."""
-    check = ("import sys; from trainpod.supervisor import job; thread = job._import_the_launcher(); assert thread.daemon; "
-             "thread.join(120); print('torch.distributed.run' in sys.modules, 'trainpod.agent.agent' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", check], env={**os.environ, "PYTHONPATH": ENTRYPOINT},
+# The job's start as run() makes it, with a preflight that takes a second: which thread imported torch, which ran the
+# checks, and what the checks' error becomes.
+CHECK_WHILE_IMPORTING = """
+import builtins, sys, threading, time
+from trainpod.errors import UnreachableError
+from trainpod.runspec import RunSpec
+from trainpod.supervisor import job
+
+importers = set()
+plain = builtins.__import__
+def watched(name, *args, **kwargs):
+    if name.split(".")[0] == "torch":
+        importers.add(threading.current_thread().name)
+    return plain(name, *args, **kwargs)
+builtins.__import__ = watched
+
+checked = []
+def preflight(topology, env, **_):
+    checked.append(threading.current_thread().name)
+    time.sleep(1)
+    if sys.argv[1] == "fails":
+        raise UnreachableError("the master did not answer")
+    return topology
+job.run_preflight = preflight
+spec = RunSpec.from_json(sys.argv[2])
+try:
+    topology, thread = job._check_while_importing(spec, {}, print)
+    print(sorted(importers), checked, topology == spec.topology, thread.is_alive(), "torch.distributed.run" in sys.modules)
+except UnreachableError as error:
+    print(sorted(importers), checked, "raised:", error)
+"""
+
+
+def test_torch_is_imported_by_the_main_thread_while_the_checks_run_on_another():
+    # The node's fork server is a copy of the job's process: a copy made after another thread ran torch's import (its
+    # MKL code) could inherit MKL's allocator lock held, and every rank forked from it spun at its first matrix product
+    # (the suite: ranks busy and silent before their first step). Before, the import ran on the thread.
+    spec = RunSpec(topology=TOPOLOGY, target=Target(command=("true",)), connect_timeout=5.0, term_grace=25.0, max_restarts=0)
+    env = {**os.environ, "PYTHONPATH": ENTRYPOINT}
+    ok = subprocess.run([sys.executable, "-c", CHECK_WHILE_IMPORTING, "passes", spec.to_json()], env=env,
+                        capture_output=True, text=True, timeout=180)
+    assert ok.stdout.strip() == "['MainThread'] ['trainpod-preflight'] True False True", ok.stdout + ok.stderr
+    failed = subprocess.run([sys.executable, "-c", CHECK_WHILE_IMPORTING, "fails", spec.to_json()], env=env,
                             capture_output=True, text=True, timeout=180)
-    assert (result.returncode, result.stdout) == (0, "True True\n"), result.stderr
-    # torch made unimportable (sys.modules['torch'] = None): the thread swallows it, the main thread's import raises it
-    broken = ("import sys; sys.modules['torch'] = None; from trainpod.supervisor import job; job._import_the_launcher().join(60); "
+    assert failed.stdout.strip() == "['MainThread'] ['trainpod-preflight'] raised: the master did not answer", failed.stderr
+    # torch made unimportable: the main thread's import swallows it, and the agent's own import raises it again
+    broken = ("import sys; sys.modules['torch'] = None; from trainpod.supervisor import job; job._import_the_launcher(); "
               "import torch.distributed.run")
-    result = subprocess.run([sys.executable, "-c", broken], env={**os.environ, "PYTHONPATH": ENTRYPOINT},
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run([sys.executable, "-c", broken], env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("ModuleNotFoundError"), result.stderr
-    assert result.stderr.count("Traceback") == 1  # the main thread's, not the import thread's
+    assert result.stderr.count("Traceback") == 1
 
 
 # The agent's end (exit_before_finalization) with a daemon thread in a store call, as torch's rendezvous keep-alive is
