@@ -18,6 +18,7 @@ import pytest
 
 from fixtures.elastic_host import clean_env
 from fixtures.ports import free_port
+from fixtures.processes import communicate, kill_tree
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,13 @@ def run_job(tmp_path: Path, scripts: tuple[str, str], *extra: str) -> tuple[list
                 "--", sys.executable, "train.py"]
         procs.append(subprocess.Popen(argv, cwd=home, env=clean_env(MARKER_DIR=str(markers)), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    outputs = [proc.communicate(timeout=240)[0] for proc in procs]
+    try:
+        outputs = [communicate(proc, 240) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # another node's job, when one timed out: none goes on under the next tests
+                kill_tree(proc.pid)
+                proc.wait()
     return [proc.returncode for proc in procs], outputs, markers, time.monotonic() - started
 
 

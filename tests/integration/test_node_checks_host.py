@@ -13,6 +13,7 @@ import pytest
 
 from fixtures.elastic_host import clean_env
 from fixtures.ports import free_port
+from fixtures.processes import communicate, kill_tree
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,13 @@ def two_nodes(tmp_path, *flags_each: tuple[str, ...]) -> tuple[list[int], list[s
                                "--connect-timeout", "60", *flags, "--", sys.executable, "train.py"],
                               cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank, flags in enumerate(flags_each)]
-    outputs = [proc.communicate(timeout=240)[0] for proc in procs]
+    try:
+        outputs = [communicate(proc, 240) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # another node's job, when one timed out: none goes on under the next tests
+                kill_tree(proc.pid)
+                proc.wait()
     return [proc.returncode for proc in procs], outputs
 
 

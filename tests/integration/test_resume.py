@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from fixtures.ports import free_port
+from fixtures.processes import communicate
 from trainpod.examples import EXAMPLES
 
 pytestmark = [pytest.mark.slow]
@@ -67,7 +68,7 @@ def ranks_of(example: str, checkpoint_dir: Path) -> list[psutil.Process]:
 
 
 def finish(process: subprocess.Popen, out: Path) -> tuple[str, dict]:
-    log, _ = process.communicate(timeout=600)
+    log = communicate(process, timeout=600)
     assert process.returncode == 0, log[-4000:]
     return log, json.loads((out / "output" / "metrics.json").read_text())
 
