@@ -149,7 +149,7 @@ def test_sleeping_before_init_while_the_others_wait_in_it():
 
 def test_every_rank_idle_outside_a_collective_is_a_hang_after_the_hang_timeout():
     # a one-process job, or ranks that all block outside torch.distributed: no rank waits for another, and before
-    # this rule nothing was ever named (a DataParallel run that stopped making progress sat there for good)
+    # this rule nothing was ever named (a DataParallel run asleep in its script sat there for good)
     assert decide([run(0, sleeping, 9)], 9.0, timeout=10, world_size=1) is None
     verdict = decide([run(0, sleeping, 10)], 10.0, timeout=10, world_size=1)
     assert [v.rank for v in verdict.behind] == [0] and verdict.waiting == () and verdict.stalled_for == 10.0
