@@ -18,7 +18,7 @@ import pytest
 
 from fixtures.elastic_host import clean_env
 from fixtures.ports import free_port
-from fixtures.processes import communicate, kill_tree
+from fixtures.processes import communicate_all
 
 pytestmark = pytest.mark.slow
 
@@ -50,13 +50,7 @@ def run_job(tmp_path: Path, scripts: tuple[str, str], *extra: str) -> tuple[list
                 "--", sys.executable, "train.py"]
         procs.append(subprocess.Popen(argv, cwd=home, env=clean_env(MARKER_DIR=str(markers)), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [communicate(proc, 240) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:  # another node's job, when one timed out: none goes on under the next tests
-                kill_tree(proc.pid)
-                proc.wait()
+    outputs = communicate_all(procs, 240)
     return [proc.returncode for proc in procs], outputs, markers, time.monotonic() - started
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from fixtures.elastic_host import clean_env
 from fixtures.ports import free_port
-from fixtures.processes import communicate, kill_tree
+from fixtures.processes import communicate_all
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +35,7 @@ def two_nodes(tmp_path, *flags_each: tuple[str, ...]) -> tuple[list[int], list[s
                                "--connect-timeout", "60", *flags, "--", sys.executable, "train.py"],
                               cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank, flags in enumerate(flags_each)]
-    try:
-        outputs = [communicate(proc, 240) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:  # another node's job, when one timed out: none goes on under the next tests
-                kill_tree(proc.pid)
-                proc.wait()
+    outputs = communicate_all(procs, 240)
     return [proc.returncode for proc in procs], outputs
 
 
