@@ -284,6 +284,10 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
             **({"to_reformed_s": reformed_at - t_kill} if reformed_at is not None else {}),
             # > 1: a restarted worker group failed and was restarted again (in-process: 1 is the replacement)
             "group_starts": -(-len(starts) // NPROC),
+            # What the whole job's tree used from the kill to that step: on a host with fewer cores than ranks the
+            # recovery's time is this shared by the cores, so this per rank is what says whether the work grows with
+            # the world (bench/recovery_scale.py).
+            "cpu_s": sum(cpu.values()),
             "checksum": metrics["checksum"], "rank_checksums_agree": len(set(metrics["rank_checksums"])) == 1,
             "step_s": metrics["global_batch_size"] / metrics["samples_per_sec"],  # the job's steady step
             "timeline": timeline,

@@ -8,7 +8,9 @@ keep their processes; a replacement is forked) and of the default restart of the
 asked of it: the time stays flat as the world grows, not that it beats a figure measured at another size, and
 in-process, 0.3 s or less at every size (issue 27).
 On a host with fewer cores than ranks every step is slower by the oversubscription, so the step after
-the kill is too: the job's steady step time is printed beside each figure, and the recovery less it.
+the kill is too: the job's steady step time is printed beside each figure, and the recovery less it. And the
+recovery itself is slower by the same sharing: the CPU seconds the job's processes used from the kill to that
+step, per rank, say whether the work of a recovery grows with the world where its time on such a host cannot say.
 
     python3 bench/recovery_scale.py [--rounds N] [--nprocs 2,4,8]
 """
@@ -53,6 +55,7 @@ def measure(nprocs: list[int], rounds: int) -> dict:
                 "recovery_s": statistics.median(r["recovery_s"] for r in ok) if ok else None,
                 "runs_s": [r["recovery_s"] for r in ok], "failed": len(results) - len(ok),
                 "step_s": statistics.median(r["step_s"] for r in ok) if ok else None,
+                "cpu_per_rank_s": statistics.median(r["cpu_s"] for r in ok) / nproc if ok else None,
                 "checksums": sorted({r["checksum"] for r in ok})}
     return figures
 
@@ -60,14 +63,18 @@ def measure(nprocs: list[int], rounds: int) -> dict:
 def report(figures: dict) -> str:
     lines = ["recovery from SIGKILL of one rank to the next completed step, by world size (one host, CIFAR-10 example, "
              "2048 samples per rank; median of the rounds, failed recoveries counted apart). The recovery includes that "
-             "step: its steady time, and the recovery less it, beside",
-             f"  {'ranks':>5}{'step':>9}{'in-process':>13}{'less a step':>13}{'restart':>11}{'less a step':>13}{'failed':>8}"]
+             "step: its steady time, and the recovery less it, beside; CPU/rank: the CPU seconds the job used from the kill "
+             "to that step, per rank",
+             f"  {'ranks':>5}{'step':>9}{'in-process':>13}{'less a step':>13}{'CPU/rank':>10}"
+             f"{'restart':>11}{'less a step':>13}{'CPU/rank':>10}{'failed':>8}"]
     for nproc, f in figures.items():
         step = f["in-process"]["step_s"] or f["trainpod"]["step_s"] or 0.0
         row = f"  {nproc:>5}{step:>7.2f} s"
         for variant in VARIANTS:
             seconds = f[variant]["recovery_s"]
-            row += f"{seconds:>11.2f} s{seconds - step:>11.2f} s" if seconds is not None else f"{'none':>13}{'':>13}"
+            cpu = f[variant].get("cpu_per_rank_s")
+            row += (f"{seconds:>11.2f} s{seconds - step:>11.2f} s{cpu:>8.2f} s" if seconds is not None
+                    else f"{'none':>13}{'':>23}")
         lines.append(row + f"{sum(f[v]['failed'] for v in VARIANTS):>8}")
     return "\n".join(lines)
 
