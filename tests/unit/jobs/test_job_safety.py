@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import asyncssh
 import pytest
 import yaml
 
+from trainpod.jobs.ssh_keys import asyncssh  # imported as the launcher does, without cryptography's DSA warnings
 from trainpod.launcher import cli
 
 SCHEDULERS = ("openpai", "kubeflow", "slurm", "ssh")
