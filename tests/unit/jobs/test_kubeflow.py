@@ -14,8 +14,20 @@ import yaml
 from fixtures.cli import in_process
 from fixtures.kubeflow_runtime import pod_environments
 
-kubeflow_models = pytest.importorskip("kubeflow.training.models")
-from kubeflow.training.api_client import ApiClient  # noqa: E402
+
+# The SDK's models take seconds of CPU to import: imported by the tests that use them, not when the module is collected
+# (each of make test's workers collects every module).
+@pytest.fixture(scope="module")
+def kubeflow_models():
+    return pytest.importorskip("kubeflow.training.models")
+
+
+@pytest.fixture
+def client(kubeflow_models):
+    from kubeflow.training.api_client import ApiClient
+
+    return ApiClient()
+
 
 ENTRYPOINT = str(Path(__file__).resolve().parents[3] / "entrypoint")
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "PET_", "TRAINPOD_", "MASTER_", "GLOO_", "NCCL_", "SLURM_"))
@@ -61,9 +73,8 @@ def drop_empty(value):
 
 
 @pytest.mark.parametrize("args", [j[0] for j in JOBS])
-def test_the_sdk_and_kubernetes_models_take_every_field(args):
+def test_the_sdk_and_kubernetes_models_take_every_field(args, kubeflow_models, client):
     job = render(args)
-    client = ApiClient()
     typed = client.deserialize(_Response(job), "KubeflowOrgV1PyTorchJob")
     assert isinstance(typed, kubeflow_models.KubeflowOrgV1PyTorchJob)
     master = typed.spec.pytorch_replica_specs["Master"]
@@ -127,9 +138,9 @@ ELASTIC = [
 
 
 @pytest.mark.parametrize("args,backend,endpoint", ELASTIC)
-def test_an_elastic_pytorchjob_is_workers_and_an_elastic_policy_the_sdk_takes(args, backend, endpoint):
+def test_an_elastic_pytorchjob_is_workers_and_an_elastic_policy_the_sdk_takes(args, backend, endpoint, kubeflow_models,
+                                                                             client):
     job = render(args)
-    client = ApiClient()
     typed = client.deserialize(_Response(job), "KubeflowOrgV1PyTorchJob")
     assert isinstance(typed.spec.elastic_policy, kubeflow_models.KubeflowOrgV1ElasticPolicy)
     assert drop_empty(client.sanitize_for_serialization(typed)) == job
@@ -166,9 +177,9 @@ SPARES = [
 
 
 @pytest.mark.parametrize("args,spares,backend,endpoint", SPARES)
-def test_spares_are_worker_pods_beyond_the_nodes_and_every_pod_resolves_the_jobs_range(args, spares, backend, endpoint):
+def test_spares_are_worker_pods_beyond_the_nodes_and_every_pod_resolves_the_jobs_range(args, spares, backend, endpoint,
+                                                                                       client):
     job = render(args)
-    client = ApiClient()
     typed = client.deserialize(_Response(job), "KubeflowOrgV1PyTorchJob")
     assert drop_empty(client.sanitize_for_serialization(typed)) == job
     worker, policy = job["spec"]["pytorchReplicaSpecs"]["Worker"], job["spec"]["elasticPolicy"]

@@ -12,7 +12,12 @@ from test_kubeflow import CLEAN, ENTRYPOINT, drop_empty
 from fixtures.cli import in_process
 from fixtures.kubeflow_trainer_runtime import MASTER_PORT, pod_environments
 
-models = pytest.importorskip("kubeflow_trainer_api.models")
+
+@pytest.fixture(scope="module")
+def models():
+    # Trainer's models take seconds of CPU to import: imported by the test that uses them, not at collection.
+    return pytest.importorskip("kubeflow_trainer_api.models")
+
 
 JOBS = [
     ("cifar10-ddp --nproc-per-node 2 -- --epochs 1", 2, 2, "gloo"),
@@ -33,7 +38,7 @@ def render(args: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("args", [j[0] for j in JOBS])
-def test_trainers_models_take_every_field(args):
+def test_trainers_models_take_every_field(args, models):
     runtime, job = render(args)
     typed_runtime = models.TrainerV1alpha1TrainingRuntime.from_dict(runtime)
     typed_job = models.TrainerV1alpha1TrainJob.from_dict(job)
