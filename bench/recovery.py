@@ -6,11 +6,14 @@ restarts the worker group), `trainpod run --recovery in-process` (the survivor k
 re-forms the group with a replacement forked by the dead rank's keeper: trainpod.agent.keeper), and bare
 `torchrun --max-restarts 3`, which restarts its workers inside its own agent. Once a chosen
 checkpoint is on disk, one rank (a seeded choice, the same for both variants in a round) gets
-SIGKILL; recovery is the time from the kill to the first progress line of a step after the
-"resumed from the checkpoint" line. Every output line is timestamped on arrival, and the process
-tree is sampled meanwhile, so that the time can be split into phases. A line arrives when the job's output
-carries it here: under trainpod, torch's tee reads the ranks' log files every 0.1 s, so its figures may
-include up to that much after the step itself (bare torchrun's ranks write to the terminal directly). Variants alternate over the
+SIGKILL; recovery is the time from the kill to the end of the first step after the "resumed from the
+checkpoint" line, as rank 0 recorded it (the time in its progress record, trainpod.train.progress, which
+the example writes as each step ends; bare torchrun's job gets a progress directory of its own for it).
+Every output line is timestamped on arrival, and the process tree is sampled meanwhile, so that the time
+can be split into phases. A line arrives when the job's output carries it here, later than the step: under
+trainpod, torch's tee reads the ranks' log files every 0.1 s, while bare torchrun's ranks write to the
+terminal directly; the step's line is what tells which step to look up, and its arrival is kept beside
+(`shown_s`), the figure where a record is missing. Variants alternate over the
 rounds; medians are reported. A recovery that hangs (no step within RECOVERY_TIMEOUT_S) or a job
 that exits non-zero counts as a failed recovery and is reported as such; every job that recovers
 (whichever rank died, whenever) must exit 0 with the same weights checksum.
@@ -47,6 +50,7 @@ ENTRYPOINT = HERE.parent / "entrypoint"
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from fixtures.ports import free_port  # noqa: E402
+from trainpod.contract import PROGRESS_DIR_VAR  # noqa: E402
 
 ROUNDS = 3
 SEED = 3  # 3 rounds: kills after checkpoints 40, 80, 120, of ranks 0, 1, 0
@@ -59,6 +63,7 @@ OMP_THREADS = "1"  # the same for both (bare torchrun would force 1 anyway)
 JOB_TIMEOUT_S = 600
 RECOVERY_TIMEOUT_S = 120  # no step this long after the kill: a failed recovery (counted, the job killed)
 SAMPLE_S = 0.02  # process tree sampling period during recovery
+STEP_POLL_S = 0.005  # how often rank 0's progress record is read: well within a step, so that no step's record is missed
 
 STEP_LINE = re.compile(r"epoch \d+/\d+ step (\d+)/\d+")
 RESUMED = re.compile(r"resumed from the checkpoint of step (\d+)")
@@ -97,10 +102,40 @@ VARIANTS = ("trainpod", "in-process", "torchrun")
 EXTRA_ENV: dict[str, str] = {}  # --env, for every variant alike
 
 
-def environment() -> dict[str, str]:
+def environment(variant: str, out: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_"))}
     pythonpath = [str(ENTRYPOINT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    return {**env, "PYTHONPATH": os.pathsep.join(pythonpath), "OMP_NUM_THREADS": OMP_THREADS, **EXTRA_ENV}
+    # trainpod's agent gives its ranks a progress directory; bare torchrun's job gets one here, so that its steps are
+    # timed as trainpod's are (the example reports where the variable is set, whoever set it).
+    progress = {}
+    if variant == "torchrun":
+        (out / "progress").mkdir(exist_ok=True)
+        progress[PROGRESS_DIR_VAR] = str(out / "progress")
+    return {**env, "PYTHONPATH": os.pathsep.join(pythonpath), "OMP_NUM_THREADS": OMP_THREADS, **progress, **EXTRA_ENV}
+
+
+class StepTimes:
+    """When rank 0 ended each step after `since` (a time.time()), from its progress record (one fixed-width line it
+    rewrites at each step's end, with its time.time()), read every STEP_POLL_S from a thread. A step ended twice (one
+    that ended as the kill came, trained again after the resume) keeps its later end."""
+
+    def __init__(self, record: Path):
+        self.record, self.since, self.ended = record, float("inf"), {}  # step -> time.time() at its end
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = self.record.read_bytes().split()
+                if float(fields[2]) >= self.since:
+                    self.ended[int(fields[0])] = float(fields[2])
+            self._stop.wait(STEP_POLL_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def kind_of(process: psutil.Process) -> str | None:
@@ -139,7 +174,7 @@ class Job:
     def __init__(self, variant: str, out: Path):
         self.variant, self.out = variant, out
         self.lines: list[tuple[float, str]] = []
-        self.process = subprocess.Popen(command(variant, free_port(), out), env=environment(), stdout=subprocess.PIPE,
+        self.process = subprocess.Popen(command(variant, free_port(), out), env=environment(variant, out), stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, bufsize=0)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -226,12 +261,18 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
         if sorted(ranks) != list(range(NPROC)):
             job.kill()
             sys.exit(f"bench-recovery: {variant}: expected ranks 0..{NPROC - 1}, found {sorted(ranks)}")
+        record = next((Path(f.path) for f in ranks[0].open_files() if Path(f.path).name == "rank0"), None)
+        if record is None:  # it holds its record open from its first step on (trainpod.train.progress)
+            job.kill()
+            sys.exit(f"bench-recovery: {variant}: rank 0 holds no progress record open (<{PROGRESS_DIR_VAR}>/rank0)")
+        steps = StepTimes(record)
         sampled = threading.Event()
         sampler = threading.Thread(target=job.sample_tree, args=(sampled,), daemon=True)
         sampler.start()
         time.sleep(2 * SAMPLE_S)  # the tree as it is before the kill
         ranks[victim_rank].send_signal(signal.SIGKILL)
-        t_kill = time.monotonic()
+        t_kill, wall_kill = time.monotonic(), time.time()
+        steps.since = wall_kill
 
         resumed_at = first_step_at = reformed_at = None
         resumed_step = first_step = None
@@ -250,6 +291,7 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
             time.sleep(0.01)
         sampled.set()
         sampler.join()
+        steps.stop()
         hung = first_step_at is None and job.process.poll() is None
         code, log = job.finish(timeout=0 if hung else JOB_TIMEOUT_S)
         result = {"variant": variant, "after_step": after_step, "victim_rank": victim_rank, "failure": None}
@@ -271,6 +313,9 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
         for kind, first_seen, last_seen in job.cpu.values():
             kind = "workers" if kind and kind.startswith("worker") else kind or "other"
             cpu[kind] = cpu.get(kind, 0.0) + last_seen - first_seen
+        timeline += [(ended - wall_kill, f"* rank 0 recorded the end of step {step}") for step, ended in steps.ended.items()
+                     if wall_kill <= ended and step <= first_step]
+        timeline.sort()
         timeline.append((first_step_at - t_kill, "* CPU seconds used meanwhile: "
                          + ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in sorted(cpu.items()) if seconds >= 0.005)))
         starts = [at for at, event in job.events
@@ -278,7 +323,10 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
         return {
             **result,
             "resumed_step": resumed_step, "first_step": first_step,
-            "recovery_s": first_step_at - t_kill,
+            # The step's end as rank 0 recorded it, where its record was read (STEP_POLL_S: always, unless the host
+            # starved this process for a whole step); else its line's arrival.
+            "recovery_s": steps.ended[first_step] - wall_kill if first_step in steps.ended else first_step_at - t_kill,
+            "shown_s": first_step_at - t_kill, "step_recorded": first_step in steps.ended,
             "to_workers_s": (max(starts) - t_kill) if starts else None,
             "to_resumed_s": resumed_at - t_kill,
             **({"to_reformed_s": reformed_at - t_kill} if reformed_at is not None else {}),
@@ -355,8 +403,8 @@ def bench(rounds: int) -> dict:
 def report(result: dict) -> str:
     t, i, b = result["trainpod"], result["in-process"], result["torchrun"]
     lines = [
-        f"recovery from SIGKILL of one rank to the next completed step (this host, {NPROC} processes, CIFAR-10 example, "
-        f"median of {result['rounds']} alternating runs)",
+        f"recovery from SIGKILL of one rank to the end of the next step as rank 0 recorded it (this host, {NPROC} "
+        f"processes, CIFAR-10 example, median of {result['rounds']} alternating runs; the other phases: their lines' arrival)",
         f"  {'':30}{'trainpod run':>14}{'in-process':>12}{'bare torchrun':>15}{'ratios':>16}",
     ]
 

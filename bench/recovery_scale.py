@@ -3,8 +3,9 @@
 The same CIFAR-10 job and the same SIGKILL of one rank once a checkpoint is on disk as bench/recovery.py
 (whose run_once() does the work), with --nproc-per-node N for each N of --nprocs, every rank with the same
 2048 samples (so the steps per epoch stay the same while the world grows), two epochs. Per world size, the
-median time from the kill to the next completed step of `trainpod run --recovery in-process` (the survivors
-keep their processes; a replacement is forked) and of the default restart of the worker group. What is
+median time from the kill to the end of the next step (bench/recovery.py: rank 0's own record of it) of
+`trainpod run --recovery in-process` (the survivors keep their processes; a replacement is forked) and of the
+default restart of the worker group. What is
 asked of it: the time stays flat as the world grows, not that it beats a figure measured at another size, and
 in-process, 0.3 s or less at every size (issue 27).
 On a host with fewer cores than ranks every step is slower by the oversubscription, so the step after
@@ -61,8 +62,9 @@ def measure(nprocs: list[int], rounds: int) -> dict:
 
 
 def report(figures: dict) -> str:
-    lines = ["recovery from SIGKILL of one rank to the next completed step, by world size (one host, CIFAR-10 example, "
-             "2048 samples per rank; median of the rounds, failed recoveries counted apart). The recovery includes that "
+    lines = ["recovery from SIGKILL of one rank to the end of the next step as rank 0 recorded it (its progress record, "
+             "not its line's arrival), by world size (one host, CIFAR-10 example, 2048 samples per rank; median of the "
+             "rounds, failed recoveries counted apart). The recovery includes that "
              "step: its steady time, and the recovery less it, beside; CPU/rank: the CPU seconds the job used from the kill "
              "to that step, per rank",
              f"  {'ranks':>5}{'step':>9}{'in-process':>13}{'less a step':>13}{'CPU/rank':>10}"
