@@ -378,6 +378,7 @@ def bench(rounds: int) -> dict:
             **({"to_reformed_s": median(r["to_reformed_s"] for r in results if "to_reformed_s" in r)}
                if any("to_reformed_s" in r for r in results) else {}),
             "runs_s": [r["recovery_s"] for r in results],
+            "by_line": sum(not r["step_recorded"] for r in results),  # timed by the line's arrival: no record read
             # The runs whose first restarted worker group came up: the restart path itself, without
             # the failed attempts (torch's own restart bugs, timing dependent) mixed in.
             **({"first_group_recovery_s": median(r["recovery_s"] for r in results if r["group_starts"] == 1)}
@@ -428,6 +429,9 @@ def report(result: dict) -> str:
         summary = result[variant]
         if summary["failed"]:
             lines.append(f"  {variant}: {summary['failed']} of {summary['runs']} recoveries FAILED: {'; '.join(summary['failures'])}")
+        if summary.get("by_line"):
+            lines.append(f"  {variant}: {summary['by_line']} of {summary['runs']} runs timed by their step's line, later than "
+                         f"the step (rank 0's record of it not read)")
         if any(starts > 1 for starts in summary.get("group_starts", [])):
             lines.append(f"  {variant}: worker group starts until the resume, per run: {summary['group_starts']} "
                          "(more than 1: a restarted group failed too)")

@@ -57,6 +57,7 @@ def measure(nprocs: list[int], rounds: int) -> dict:
                 "runs_s": [r["recovery_s"] for r in ok], "failed": len(results) - len(ok),
                 "step_s": statistics.median(r["step_s"] for r in ok) if ok else None,
                 "cpu_per_rank_s": statistics.median(r["cpu_s"] for r in ok) / nproc if ok else None,
+                "by_line": sum(not r["step_recorded"] for r in ok),  # timed by the line's arrival: no record read
                 "checksums": sorted({r["checksum"] for r in ok})}
     return figures
 
@@ -78,6 +79,10 @@ def report(figures: dict) -> str:
             row += (f"{seconds:>11.2f} s{seconds - step:>11.2f} s{cpu:>8.2f} s" if seconds is not None
                     else f"{'none':>13}{'':>23}")
         lines.append(row + f"{sum(f[v]['failed'] for v in VARIANTS):>8}")
+    by_line = {f"{nproc} ranks, {v}": f[v]["by_line"] for nproc, f in figures.items() for v in VARIANTS if f[v].get("by_line")}
+    if by_line:
+        lines.append("  timed by the step's line, later than the step (rank 0's record of it not read): "
+                     + ", ".join(f"{where}: {count} run(s)" for where, count in by_line.items()))
     return "\n".join(lines)
 
 
