@@ -308,14 +308,13 @@ def run_once(variant: str, after_step: int, victim_rank: int) -> dict:
             return result
         metrics = json.loads((out / "output" / "metrics.json").read_text())
         timeline = sorted([(at - t_kill, f"| {line}") for at, line in job.lines if t_kill <= at <= first_step_at]
-                          + [(at - t_kill, f"* {event}") for at, event in job.events if at >= t_kill - 1.0])
+                          + [(at - t_kill, f"* {event}") for at, event in job.events if at >= t_kill - 1.0]
+                          + [(ended - wall_kill, f"* rank 0 recorded the end of step {step}")
+                             for step, ended in steps.ended.items() if step <= first_step])
         cpu: dict[str, float] = {}
         for kind, first_seen, last_seen in job.cpu.values():
             kind = "workers" if kind and kind.startswith("worker") else kind or "other"
             cpu[kind] = cpu.get(kind, 0.0) + last_seen - first_seen
-        timeline += [(ended - wall_kill, f"* rank 0 recorded the end of step {step}") for step, ended in steps.ended.items()
-                     if wall_kill <= ended and step <= first_step]
-        timeline.sort()
         timeline.append((first_step_at - t_kill, "* CPU seconds used meanwhile: "
                          + ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in sorted(cpu.items()) if seconds >= 0.005)))
         starts = [at for at, event in job.events

@@ -140,11 +140,9 @@ def _check_while_importing(spec: RunSpec, env: Mapping[str, str], say: log.Log) 
     (torchrun, which does not wait, imports first and then retries the master's store). Returns the checked topology
     and the checks' thread (joined); what the checks raised is raised here, once the import is done.
 
-    Not the other way round: the node's fork server is a copy of this process (trainpod.agent.zygote), and torch's
-    import runs MKL code, which keeps state per thread: a copy forked after another thread ran it can inherit MKL's
-    allocator lock held, even once that thread was joined and the kernel ended it, and the copy and every rank forked
-    from it then spin at their first matrix product, at 100 % CPU, for good. Seen in the suite: a job's ranks busy
-    and silent before their first step."""
+    Not the other way round: the node's fork server is a copy of this process, and a copy forked after another
+    thread ran torch's import (its MKL code) can inherit MKL's allocator lock held (trainpod.agent.zygote's module
+    docstring: what that does to the ranks, and why the checks' thread is waited for until it has ended)."""
     outcome: list = []
 
     def check() -> None:
