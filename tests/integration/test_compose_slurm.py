@@ -104,3 +104,21 @@ def test_scancel_stops_every_rank_and_the_checkpoint_stays_loadable(cluster):
                              "from trainpod.train.checkpoint import Checkpointer; step, state = "
                              "Checkpointer('/shared/run2/ckpt').load_latest(); print('step', step)").stdout
     assert int(re.search(r"step (\d+)", loaded)[1]) >= 10
+
+
+def test_a_step_of_two_tasks_per_node_is_refused_by_every_task_and_the_fix_it_names_runs_one(cluster):
+    # One task per GPU, as other launchers want: a bare srun then starts two trainpods per node, each of which
+    # would claim its node's rank and the master's port. The fix the refusal names is checked in the same job.
+    fixed = "srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 trainpod explain --example cifar10-ddp"
+    bare = "srun trainpod run --example cifar10-ddp -- " + " ".join(SMALL)
+    submitted = ctl(cluster, "sbatch", "--nodes=2", "--ntasks-per-node=2", "--output=/shared/two-tasks-%j.out",
+                    "--wrap", f"{fixed} && {bare}", user="trainpod").stdout
+    job = re.fullmatch(r"Submitted batch job (\d+)", submitted.strip())[1]
+    assert wait_for(cluster, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, 120) == "FAILED"
+    output = ctl(cluster, "cat", f"/shared/two-tasks-{job}.out").stdout
+    assert sorted(re.findall(r"^node_rank +(\d) +SLURM_NODEID$", output, re.M)) == ["0", "1"], output  # one per node
+    refusal = ("trainpod: error: SLURM_STEP_TASKS_PER_NODE='2(x2)': srun started 2 tasks on a node, each a trainpod that "
+               "would start all of the node's ranks; start one per node: `srun --ntasks=$SLURM_NNODES --ntasks-per-node=1")
+    assert output.count(refusal) == 4, output  # every task of the bare step, in one line each
+    assert not re.search(r"\[node\d+ rank\d+\]", output), output  # no rank started
+    assert "ExitCode=78:0" in ctl(cluster, "scontrol", "show", "job", job, "-o").stdout

@@ -6,7 +6,13 @@ From SLURM's sbatch and srun manuals (OUTPUT ENVIRONMENT VARIABLES):
   sets and which win here (a step may run on part of the allocation);
 - SLURM_NODEID: the node's relative index (0 on the step's first node);
 - SLURM_GPUS_ON_NODE: GPUs allocated on this node; SLURM_NTASKS_PER_NODE: --ntasks-per-node,
-  only when it was given.
+  only when it was given;
+- SLURM_STEP_TASKS_PER_NODE: the tasks srun started on each node of the step ('2(x3),1'), and
+  SLURM_LOCALID: this task's index on its node. trainpod starts a node's ranks itself, so a step must
+  run one task per node: with more (`#SBATCH --ntasks-per-node=4` and a bare `srun`, as one-task-per-GPU
+  launchers want), each task would be a whole node's agent claiming the same node rank and master port.
+  That is refused on every node, before anything starts (a batch script's own task has SLURM_LOCALID=0
+  and no SLURM_STEP_* variable: running trainpod there, on the first node only, is left alone).
 
 A node list is SLURM's hostlist expression (`node[01-03,07],gpu-a[1-2]`), expanded here in
 Python, without `scontrol show hostnames` (which needs SLURM's client and its configuration). The
@@ -99,6 +105,42 @@ def _expand_ranges(body: str) -> list[str]:
     return values
 
 
+def expand_counts(expression: str) -> list[int]:
+    """SLURM's compressed per-node counts -> one count per node: '2(x3),1' -> [2, 2, 2, 1].
+    Raises ValueError when malformed."""
+    counts: list[int] = []
+    for item in expression.split(","):
+        match = re.fullmatch(r"\s*([0-9]{1,6})(?:\(x([0-9]{1,6})\))?\s*", item)
+        if not match:
+            raise ValueError(f"{item!r} is not a count or COUNT(xNODES)")
+        repeat = int(match[2]) if match[2] is not None else 1
+        if repeat < 1 or len(counts) + repeat > MAX_NODES:
+            raise ValueError(f"{item!r} names {'no' if repeat < 1 else 'more than ' + str(MAX_NODES)} nodes")
+        counts.extend([int(match[1])] * repeat)
+    return counts
+
+
+def _one_task_per_node(env: Mapping[str, str]) -> None:
+    """Refuse a step that runs several tasks on a node (each would be a trainpod starting the node's ranks)."""
+    # Checked on compose/slurm: inside `#SBATCH --ntasks-per-node=2`, `srun --ntasks-per-node=1` alone is ignored
+    # (srun warns and keeps the job's task count); with --ntasks too, it runs one task per node.
+    fix = ("start one per node: `srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 trainpod run ...` (srun ignores a bare "
+           "--ntasks-per-node=1 where the job asked for more tasks), with the ranks per node in --nproc-per-node")
+    text = env.get("SLURM_STEP_TASKS_PER_NODE", "").strip()
+    if text:
+        try:
+            counts = expand_counts(text)
+        except ValueError as bad:
+            raise ConfigError(f"SLURM_STEP_TASKS_PER_NODE={text!r}: expected srun's tasks per node such as 1(x3): {bad}") from None
+        if max(counts) > 1:
+            raise ConfigError(f"SLURM_STEP_TASKS_PER_NODE={text!r}: srun started {max(counts)} tasks on a node, each a "
+                              f"trainpod that would start all of the node's ranks; {fix}")
+    local = env.get("SLURM_LOCALID", "").strip()
+    if local and parse_int(local, "SLURM_LOCALID", maximum=MAX_NPROC * 64) > 0:
+        raise ConfigError(f"SLURM_LOCALID={local}: srun started more than one task on this node, each a trainpod "
+                          f"that would start all of the node's ranks; {fix}")
+
+
 def derived_port(job_id: int) -> int:
     return PORT_BASE + job_id % PORT_SPAN
 
@@ -125,6 +167,7 @@ class SlurmEnvironment(ClusterEnvironment):
             raise ConfigError("SLURM_JOB_ID is not set: the source 'slurm' reads the variables of a SLURM job step; "
                               "run trainpod with srun inside a job, or choose another --source")
         job_id = parse_int(job_text, job_var)
+        _one_task_per_node(env)
         list_text, list_var = _first(env, NODELIST_VARS)
         if list_text is None:
             raise ConfigError("SLURM_JOB_NODELIST is not set: expected the job's node list (run trainpod with srun)")

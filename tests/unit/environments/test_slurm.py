@@ -3,7 +3,7 @@
 import pytest
 
 from trainpod import environments
-from trainpod.environments.slurm import PORT_BASE, SlurmEnvironment, derived_port, expand_hostlist
+from trainpod.environments.slurm import PORT_BASE, SlurmEnvironment, derived_port, expand_counts, expand_hostlist
 from trainpod.errors import ConfigError
 from trainpod.launcher.resolve import Options, resolve_topology
 
@@ -93,6 +93,32 @@ def test_tasks_per_node_give_the_processes_without_gpus():
     assert (found.nproc_per_node, found.origins["nproc_per_node"]) == (2, "SLURM_NTASKS_PER_NODE")
 
 
+@pytest.mark.parametrize("expression,counts", [("1", [1]), ("1(x3)", [1, 1, 1]), ("2(x2),1", [2, 2, 1]), ("1,4(x2)", [1, 4, 4])])
+def test_tasks_per_node_expressions_expand_in_node_order(expression, counts):
+    assert expand_counts(expression) == counts
+
+
+@pytest.mark.parametrize("local_id", ["0", "1"])
+def test_a_step_that_runs_two_tasks_per_node_is_refused_by_each_of_them(local_id):
+    # `#SBATCH --nodes=3 --ntasks-per-node=2` then a bare `srun trainpod run ...` (one task per GPU, as other
+    # launchers want): two trainpods per node would each claim the node's rank and the master's port.
+    step = {**STEP, "SLURM_STEP_NUM_TASKS": "6", "SLURM_STEP_TASKS_PER_NODE": "2(x3)", "SLURM_TASKS_PER_NODE": "2(x3)",
+            "SLURM_NTASKS": "6", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": str(2 + int(local_id)), "SLURM_LOCALID": local_id}
+    with pytest.raises(ConfigError) as error:
+        resolve_topology(Options(), step, resolve_names=False)
+    message = str(error.value)
+    assert message.startswith("SLURM_STEP_TASKS_PER_NODE='2(x3)': srun started 2 tasks on a node")
+    assert "`srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 trainpod run ...`" in message  # the fix, checked on compose/slurm
+    assert "\n" not in message and error.value.exit_code == 78
+
+
+def test_a_second_task_on_a_node_is_refused_where_srun_does_not_say_the_steps_layout():
+    step = {k: v for k, v in STEP.items() if k != "SLURM_STEP_TASKS_PER_NODE"}
+    with pytest.raises(ConfigError, match=r"^SLURM_LOCALID=1: srun started more than one task on this node"):
+        SlurmEnvironment({**step, "SLURM_LOCALID": "1"}).discover()
+    assert SlurmEnvironment({**step, "SLURM_LOCALID": "0"}).discover().node_rank == 1
+
+
 def test_master_port_given_or_derived_and_flags_win():
     assert SlurmEnvironment({**STEP, "MASTER_PORT": "29400"}).discover().master_port == 29400
     assert SlurmEnvironment({**STEP, "SLURM_JOB_ID": "99999"}).discover().master_port == PORT_BASE + 99999 % 15000
@@ -109,6 +135,8 @@ def test_master_port_given_or_derived_and_flags_win():
     ({"MASTER_PORT": "0"}, "MASTER_PORT='0'"),
     ({"SLURM_GPUS_ON_NODE": "many"}, "SLURM_GPUS_ON_NODE='many'"),
     ({"SLURM_STEP_NODELIST": "a,a"}, "names a host twice"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "1(3)"}, "SLURM_STEP_TASKS_PER_NODE='1(3)': expected srun's tasks per node"),
+    ({"SLURM_LOCALID": "first"}, "SLURM_LOCALID='first'"),
 ])
 def test_bad_variables_are_one_line_configuration_errors(change, named):
     with pytest.raises(ConfigError, match=None) as error:
