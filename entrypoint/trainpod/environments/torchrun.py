@@ -2,6 +2,10 @@
 
 Kubeflow's training operators set torchrun's own PET_* variables; older operators (one process
 per pod) set only WORLD_SIZE/RANK, which then count nodes, not processes.
+
+What torchrun sets in each worker it starts (TORCHELASTIC_RUN_ID, LOCAL_RANK, RANK) is not a cluster's:
+trainpod started there (`torchrun --nproc-per-node 4 -m trainpod run ...`) would be one launcher per rank,
+each a job of its own on the node's master port, training alone at world 1. That is refused (refuse_in_a_worker).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from trainpod.environments.base import (
     parse_int,
     parse_port,
 )
+from trainpod.errors import ConfigError
 from trainpod.settings import NNODES, RDZV_BACKEND
 
 NNODES_VARS = ("PET_NNODES", "NNODES")
@@ -26,6 +31,17 @@ MASTER_PORT_VARS = ("PET_MASTER_PORT", "MASTER_PORT")
 # torchrun's own twins of its --rdzv-* and --max-restarts flags (Kubeflow's elastic PyTorchJob sets them).
 RDZV_VARS = ("PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_MAX_RESTARTS")
 DETECT_VARS = NNODES_VARS + NODE_RANK_VARS + MASTER_ADDR_VARS + MASTER_PORT_VARS + RDZV_VARS[:2]
+
+
+WORKER_VAR = "TORCHELASTIC_RUN_ID"  # torchrun's agent sets it in each worker, and no cluster sets it for a node
+
+
+def refuse_in_a_worker(env: Mapping[str, str]) -> None:
+    """A one-line error where this process is a worker of another torchrun (or torch.distributed.launch)."""
+    if WORKER_VAR in env:
+        where = ", ".join(f"{name}={env[name]!r}" for name in (WORKER_VAR, "LOCAL_RANK") if name in env)
+        raise ConfigError(f"{where}: this trainpod runs as a rank that torchrun started, and would start a job of its own "
+                          "per rank; run `trainpod run` in place of torchrun, once per node (it starts the node's ranks)")
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str | None, str | None]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainpod import environments, settings
+from trainpod.environments import torchrun
 from trainpod.environments.base import Discovery
 from trainpod.environments.etcd import ETCD_BACKENDS, EtcdEnvironment
 from trainpod.environments.single import SingleNodeEnvironment
@@ -301,6 +302,7 @@ def resolve_topology(
 ) -> Topology:
     """The topology for this node. `resolve_names=False` keeps it free of DNS traffic; `nproc_per_node`
     is (count, who fixes it) where what runs needs that many processes per node (DataParallel: 1)."""
+    torchrun.refuse_in_a_worker(env)
     given = settings.resolve((environments.SOURCE, *settings.TOPOLOGY), options, env)
     cls = environments.select(env, given.source)
     if not given.source and cls is SingleNodeEnvironment and given.rdzv_backend in ETCD_BACKENDS:

@@ -53,6 +53,24 @@ def test_world_size_is_ignored_inside_a_torchrun_worker():
     assert found.nnodes == 1 and found.node_rank == 0
 
 
+# What torchrun 2.13 sets in the second worker of `torchrun --nproc-per-node 2 ...` (printed by one).
+TORCHRUN_WORKER = {
+    "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500", "RANK": "1", "ROLE_NAME": "default", "ROLE_RANK": "1", "ROLE_WORLD_SIZE": "2",
+    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "none",
+    "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "WORLD_SIZE": "2",
+}
+
+
+@pytest.mark.parametrize("cluster", [{}, KUBEFLOW_TRAINER], ids=["alone", "in-a-kubeflow-pod"])
+def test_trainpod_started_by_torchrun_is_refused_in_one_line_naming_the_variable(cluster):
+    # `torchrun --nproc-per-node 2 -m trainpod run ...`: each rank would be a job of its own at world 1, on one port.
+    with pytest.raises(ConfigError) as error:
+        resolve_topology(Options(), {**cluster, **TORCHRUN_WORKER}, resolve_names=False)
+    assert str(error.value).startswith("TORCHELASTIC_RUN_ID='none', LOCAL_RANK='1': this trainpod runs as a rank that torchrun started")
+    assert "run `trainpod run` in place of torchrun" in str(error.value) and error.value.exit_code == 78
+
+
 def test_pet_wins_over_plain_variables():
     env = {**KUBEFLOW_TRAINER, "MASTER_ADDR": "other", "NNODES": "7", "NODE_RANK": "6"}
     found = discover(env)
