@@ -8,6 +8,7 @@ scheduler with its own settings, in a registry.
 from __future__ import annotations
 
 import abc
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -157,14 +158,29 @@ class Scheduler(abc.ABC):
         raise UsageError(f"trainpod job {self.name}: --submit is not supported: submit the printed file yourself")
 
 
+# A string written without quotes only where every reader takes it for a string: PyYAML quotes what YAML 1.1 would
+# resolve otherwise, but Kubernetes (Go's YAML: y and n are booleans, 0o17 an integer) and OpenPAI (js-yaml: 1e-3 a
+# number) read more plain scalars as numbers or booleans, and a learning rate 1e-3 would reach the job as 0.001.
+_PLAIN = re.compile(r"(?:--?)?[A-Za-z_/](?:[A-Za-z0-9_./:=, -]*[A-Za-z0-9_./-])?")  # and no ": " (a mapping's)
+_NOT_STRINGS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan", "inf"})
+
+
 def to_yaml(data: Any) -> str:
-    """YAML for a person to read: keys in the order given, no anchors or aliases for repeated parts."""
+    """YAML for a person to read: keys in the order given, no anchors or aliases for repeated parts, and every
+    string that any of the platforms' YAML readers could take for something else quoted."""
     import yaml  # only `trainpod job` needs PyYAML
 
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:
             return True
 
+    def string(dumper: yaml.SafeDumper, value: str) -> Any:
+        plain = _PLAIN.fullmatch(value) and ": " not in value and value.lower().lstrip("-") not in _NOT_STRINGS
+        if plain or "\n" in value:  # (a block of lines keeps PyYAML's own style)
+            return dumper.represent_str(value)
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'")
+
+    Dumper.add_representer(str, string)
     return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200)
 
 
