@@ -122,3 +122,16 @@ def test_a_step_of_two_tasks_per_node_is_refused_by_every_task_and_the_fix_it_na
     assert output.count(refusal) == 4, output  # every task of the bare step, in one line each
     assert not re.search(r"\[node\d+ rank\d+\]", output), output  # no rank started
     assert "ExitCode=78:0" in ctl(cluster, "scontrol", "show", "job", job, "-o").stdout
+
+
+def test_an_sbatch_that_cannot_reach_the_controller_is_one_line_69_and_one_that_cannot_name_it_78(cluster):
+    # Copies of slurm.conf (SLURM_CONF): slurmctld's port closed, then its name unknown. sbatch's own words, in one line.
+    closed = "sed 's/^SlurmctldPort=.*/SlurmctldPort=9/' /etc/slurm/slurm.conf > /tmp/closed.conf"
+    unknown = "sed 's/^SlurmctldHost=.*/SlurmctldHost=gone/' /etc/slurm/slurm.conf > /tmp/unknown.conf"
+    for conf, make, code, words in (("closed", closed, 69, "sbatch could not reach SLURM: sbatch: error: Batch job submission "
+                                                           "failed: Unable to contact slurm controller (connect failure)"),
+                                    ("unknown", unknown, 78, "sbatch refused the job: sbatch: error: Unable to establish "
+                                                             "control machine address")):
+        submit_there = f"SLURM_CONF=/tmp/{conf}.conf trainpod job slurm cifar10-ddp --nodes 2 --cpus 2 --submit"
+        result = ctl(cluster, "bash", "-c", f"{make} && {submit_there}", user="trainpod", check=False)
+        assert (result.returncode, result.stderr) == (code, f"trainpod: error: {words}\n"), result.stdout + result.stderr

@@ -16,7 +16,7 @@ import shlex
 import shutil
 import subprocess
 
-from trainpod.errors import ConfigError
+from trainpod.errors import ConfigError, UnreachableError
 from trainpod.jobs.base import Scheduler, comment
 from trainpod.jobs.values import Pattern, SbatchWord
 from trainpod.settings import Setting
@@ -24,6 +24,8 @@ from trainpod.settings import Setting
 # sbatch's --partition: one name or a comma-separated list of them; --time: its formats (minutes,
 # minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds, or
 # UNLIMITED); --output: a file name pattern, any word sbatch's #SBATCH parser keeps whole.
+# sbatch's own words when the controller did not answer (slurm's slurm_errno.c): 69, try again; any other refusal is 78.
+TRANSIENT = ("Unable to contact slurm controller", "Socket timed out", "Resource temporarily unavailable")
 _PARTITION = Pattern(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*(?:,[A-Za-z0-9_.][A-Za-z0-9_.-]*)*",
                      "a partition name, or several separated by commas (letters, digits, '_', '.', '-')")
 _TIME = Pattern(r"[0-9]+(?::[0-9]+){0,2}|[0-9]+-[0-9]+(?::[0-9]+){0,2}|(?i:unlimited|infinite)",
@@ -68,7 +70,10 @@ class SlurmJob(Scheduler):
     def srun_argv(self) -> list[str]:
         # --kill-on-bad-exit: a node that fails ends the step on every node (the others would
         # otherwise wait for it in the rendezvous until their timeout).
-        return ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", *self.request.run_argv()]
+        # --cpus-per-task again: from SLURM 22.05 to 23.02 srun does not inherit sbatch's, and the one task
+        # (trainpod, its ranks and their DataLoader workers) would be bound to one CPU.
+        return ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--cpus-per-task={self.request.cpus}",
+                *self.request.run_argv()]
 
     def render(self) -> str:
         r = self.request
@@ -92,9 +97,19 @@ class SlurmJob(Scheduler):
         if not sbatch:
             raise ConfigError("sbatch is not on PATH: run trainpod job slurm --submit on a SLURM login node "
                               "(or print the script and submit it there)")
-        done = subprocess.run([sbatch], input=self.render(), text=True, capture_output=True)
+        try:
+            done = subprocess.run([sbatch], input=self.render(), text=True, capture_output=True)
+        except OSError as error:  # not a program this host runs (a broken wrapper, another architecture's binary)
+            raise ConfigError(f"sbatch ({sbatch}) could not be run: {error.strerror or error}") from None
+        if done.returncode < 0:
+            raise UnreachableError(f"sbatch ({sbatch}) was killed by signal {-done.returncode}: submit again")
         if done.returncode != 0:
-            message = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            # The last line that says something: sbatch may end with "Batch job submission failed: No error" (seen
+            # on compose/slurm where the controller's name does not resolve), the cause a line above it.
+            lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            message = ([line for line in lines if not line.rstrip().endswith("No error")] or lines or [f"exit {done.returncode}"])[-1]
+            if any(words in message for words in TRANSIENT):
+                raise UnreachableError(f"sbatch could not reach SLURM: {message}")
             raise ConfigError(f"sbatch refused the job: {message}")
         print(done.stdout.strip(), flush=True)
         return 0

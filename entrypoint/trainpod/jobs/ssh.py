@@ -101,12 +101,19 @@ class SSHJob(Scheduler):
                      "NODE_RANK": str(rank)}
         if o.no_docker:
             # An SSH session's output is a pipe: unbuffered, every rank's line streams as it is written
-            # (the image sets this for docker run).
-            return ["env", "PYTHONUNBUFFERED=1", *(f"{k}={v}" for k, v in variables.items()), *r.run_argv()]
+            # (the image sets this for docker run). Nothing limits what the host's trainpod sees: --gpus N
+            # is its processes per node, as the other schedulers' N GPUs give it.
+            gpus = ["--nproc-per-node", str(r.gpus)] if r.gpus and not r.nproc_per_node and not r.example.nproc_per_node else []
+            return ["env", "PYTHONUNBUFFERED=1", *(f"{k}={v}" for k, v in variables.items()), *r.run_argv(*gpus)]
         docker = ["docker", "run", "--rm", "--name", self.container_name(rank), "--net=host", f"--shm-size={r.shm_mb}m",
                   f"--stop-timeout={r.stop_grace_s}"]
         if r.gpus:
-            docker.append("--gpus=all")
+            docker.append(f"--gpus={r.gpus}")  # that many of the host's GPUs, as Kubernetes' and OpenPAI's N GPUs
+        # CPUs and memory bound the container where they were asked for (a default would throttle a bigger host).
+        if r.origins.get("cpus", "default") != "default":
+            docker.append(f"--cpus={r.cpus}")
+        if r.origins.get("memory_mb", "default") != "default":
+            docker.append(f"--memory={r.memory_mb}m")
         for key, value in variables.items():
             docker += ["-e", f"{key}={value}"]
         return [*docker, r.image, *r.run_argv()]

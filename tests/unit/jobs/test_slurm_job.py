@@ -36,7 +36,9 @@ def test_one_trainpod_per_node_with_what_the_job_needs():
     assert directives(script) == ["--job-name=trainpod-imagenet-ddp", "--nodes=4", "--ntasks-per-node=1", "--cpus-per-task=32",
                                   "--gpus-per-node=8", "--mem=200000M", "--output=trainpod-imagenet-ddp-%j.out", "--partition=gpu",
                                   "--time=2:00:00"]
-    assert script.rstrip().endswith("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 trainpod run --example imagenet-ddp -- --epochs 90")
+    # srun asks for the CPUs again: from SLURM 22.05 to 23.02 it does not inherit sbatch's --cpus-per-task
+    assert script.rstrip().endswith("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task=32 trainpod run "
+                                    "--example imagenet-ddp -- --epochs 90")
     # sbatch reads #SBATCH lines only before the first command
     first_command = next(i for i, line in enumerate(script.splitlines()) if line and not line.startswith("#"))
     assert all(i < first_command for i, line in enumerate(script.splitlines()) if line.startswith("#SBATCH"))
@@ -73,3 +75,21 @@ def test_submit_pipes_the_script_to_sbatch(tmp_path):
     sbatch.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n")
     refused = trainpod("job", "slurm", "cifar10-ddp", "--submit", env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert refused.returncode == 78 and "Invalid partition name" in refused.stderr
+
+
+def test_an_sbatch_that_cannot_run_or_reach_slurm_is_one_line(tmp_path):
+    sbatch = tmp_path / "sbatch"
+    path = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    sbatch.write_bytes(b"\x7fELF\x02\x01\x01 not this machine's program")  # another architecture's, say
+    sbatch.chmod(0o755)
+    broken = here("job", "slurm", "cifar10-ddp", "--submit", env=path)
+    assert broken.returncode == 78 and broken.stderr.startswith(f"trainpod: error: sbatch ({sbatch}) could not be run: ")
+    sbatch.write_text("#!/bin/sh\nkill -9 $$\n")
+    killed = here("job", "slurm", "cifar10-ddp", "--submit", env=path)
+    assert killed.returncode == 69 and "was killed by signal 9: submit again" in killed.stderr
+    # What sbatch prints when slurmctld does not answer (compose/slurm, tests/integration/test_compose_slurm.py): try again.
+    sbatch.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+                      "(connect failure)' >&2\nexit 1\n")
+    down = here("job", "slurm", "cifar10-ddp", "--submit", env=path)
+    assert down.returncode == 69 and "sbatch could not reach SLURM: sbatch: error: Batch job submission failed: Unable" in down.stderr
+    assert all(len(result.stderr.splitlines()) == 1 for result in (broken, killed, down))

@@ -46,6 +46,15 @@ def test_each_host_runs_trainpod_with_the_first_host_as_master():
     assert bare[6:8] == ["trainpod", "run"]
 
 
+def test_gpus_cpus_and_memory_bound_the_container_as_the_other_schedulers_resources_do():
+    # --gpus N: that many of the host's GPUs (docker's count), not all of them: trainpod starts one rank per GPU it sees.
+    node = build(gpus="2", cpus="8", memory_mb="4096").node_argv(0)
+    assert {"--gpus=2", "--cpus=8", "--memory=4096m"} <= set(node[:node.index("trainpod:cuda")]) and "--gpus=all" not in node
+    assert not [word for word in build().node_argv(0) if word.startswith(("--gpus", "--cpus", "--memory"))]  # none asked
+    bare = build(gpus="2", no_docker=True).node_argv(0)  # nothing bounds the host's own trainpod: its ranks are N
+    assert bare[bare.index("run"):bare.index("--")] == ["run", "--example", "cifar10-ddp", "--nproc-per-node", "2"]
+
+
 def test_the_remote_command_reports_its_pid_then_becomes_the_job():
     job = build()
     argv = shlex.split(job.remote_command(0))
