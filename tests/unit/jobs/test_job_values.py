@@ -231,7 +231,8 @@ def test_the_sbatch_script_runs_exactly_the_intended_command(shell, tmp_path_fac
     calls, done = shell(["bash", str(script)])
     assert done.returncode == 0 and done.stderr == b"" and done.stdout == b"", (done.stdout, done.stderr)
     assert calls == [job.srun_argv()[1:]]
-    assert calls[0][2:4] == ["trainpod", "run"] and args_after_dashes(calls[0]) == args
+    assert calls[0][:3] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--cpus-per-task={job.request.cpus}"]
+    assert calls[0][3:5] == ["trainpod", "run"] and args_after_dashes(calls[0]) == args
     check_command_line(shell, check_header(text, job, shebang=True), job)
 
 
@@ -267,8 +268,10 @@ def test_each_host_runs_exactly_the_intended_command(shell, request):
             options, image, command = docker_run(argv)
             assert image == job.request.image and command == job.request.run_argv()
             assert ("--name", f"{job.request.name}-node{rank}") in options
-            assert {o for o in options if isinstance(o, str)} <= {"--rm", "--net=host", "--gpus=all"} | {
-                o for o in options if isinstance(o, str) and o.startswith(("--shm-size=", "--stop-timeout="))}
+            r = job.request
+            assert {o for o in options if isinstance(o, str)} <= {"--rm", "--net=host", f"--gpus={r.gpus}", f"--cpus={r.cpus}",
+                                                                   f"--memory={r.memory_mb}m", f"--shm-size={r.shm_mb}m",
+                                                                   f"--stop-timeout={r.stop_grace_s}"}
         assert args_after_dashes(argv) == args
     check_command_line(shell, check_header(text, job), job)
 
