@@ -23,6 +23,7 @@ from trainpod.jobs.ssh import SSHJob
 from trainpod.jobs.values import CONTROL_EXPECTED, DnsLabel, ImageReference, check_text, has_control
 from trainpod.rendezvous.etcd_http import has_userinfo, parse_endpoints, redact
 from trainpod.settings import BACKENDS, MAX_NODES, MAX_NPROC, Choice, Host, Integer, Invalid, Setting, Switch
+from trainpod.text import number
 
 REGISTRY: dict[str, type[Scheduler]] = {cls.name: cls for cls in (OpenPAIJob, KubeflowJob, SlurmJob, SSHJob)}
 
@@ -77,7 +78,7 @@ def _canonical(scheduler: str, example: str, values: settings.Values, own: setti
         if isinstance(setting.kind, Switch):
             argv.append(setting.flag)
         else:
-            text = f"{value:g}" if isinstance(value, float) else ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+            text = number(value) if isinstance(value, float) else ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
             argv += [setting.flag, text]
     return (*argv, *(("--", *args) if args else ()))
 

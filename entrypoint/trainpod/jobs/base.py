@@ -19,6 +19,7 @@ from trainpod.examples import Example
 from trainpod.jobs.values import printable, shell_line
 from trainpod.settings import TERM_GRACE, Setting, Values, resolve
 from trainpod.supervisor.supervise import stop_wait_s
+from trainpod.text import number
 
 MASTER_PORT_VAR = "TRAINPOD_JOB_MASTER_PORT"  # the schedulers that choose the master's port (kubeflow, ssh)
 
@@ -95,7 +96,7 @@ class JobRequest:
         if self.nproc_per_node and not self.example.nproc_per_node:
             flags += ["--nproc-per-node", str(self.nproc_per_node)]
         if self.term_grace != TERM_GRACE.default:
-            flags += ["--term-grace", f"{self.term_grace:g}"]
+            flags += ["--term-grace", number(self.term_grace)]
         if self.elastic and (self.rdzv_endpoint or self.spares):
             # The range as a flag, which wins over a scheduler's variable (the operator's PET_NNODES counts the spares).
             flags += ["--nnodes", "{}:{}".format(*self.node_range)]

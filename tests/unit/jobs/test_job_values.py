@@ -77,7 +77,7 @@ def requests(draw, scheduler):
     given = {"name": draw(st.one_of(st.none(), NAME)), "image": draw(st.one_of(st.none(), IMAGE)),
              "cpus": draw(st.one_of(st.none(), st.integers(1, 512))), "memory_mb": draw(st.one_of(st.none(), st.integers(256, 10**6))),
              "shm_mb": draw(st.one_of(st.none(), st.integers(64, 10**5))),
-             "term_grace": draw(st.one_of(st.none(), st.sampled_from(["25", "0.5", "300", "12.25"])))}
+             "term_grace": draw(st.one_of(st.none(), st.sampled_from(["25", "0.5", "300", "12.25", "1234567", "0.1"])))}
     gpus = draw(st.sampled_from([None, 0, 1, 4]))
     given["gpus"] = gpus
     if gpus:
@@ -376,3 +376,12 @@ def walk(value):
     elif isinstance(value, list):
         for item in value:
             yield from walk(item)
+
+
+@pytest.mark.parametrize("scheduler", ["openpai", "kubeflow", "slurm"])
+@pytest.mark.parametrize("grace", ["1234567", "12.25", "0.1"])
+def test_a_term_grace_reaches_the_nodes_and_the_header_exactly_as_given(scheduler, grace):
+    job, _ = jobs.build(scheduler, "cifar10-ddp", {"term_grace": grace}, {})
+    argv = job.request.run_argv()
+    assert argv[argv.index("--term-grace") + 1] == grace  # ({:g} made 1234567 1.23457e+06: another grace)
+    assert f"--term-grace {grace}" in job.request.generated_by()
