@@ -113,14 +113,16 @@ class PAIEnvironment(ClusterEnvironment):
         if text is None:
             return [current], "PAI_CURRENT_TASK_ROLE_NAME"
         roles = [r.strip() for r in text.split(",") if r.strip()]
+        error = error_for(origin)
+        if not roles:
+            raise error(f"{origin}={text!r}: expected the trainer task roles, comma-separated (ROLE,...)")
         for listed in roles:
             _check_role(listed, origin, text)
-        error = error_for(origin)
         duplicates = sorted({r for r in roles if roles.count(r) > 1})
         if duplicates:
             raise error(f"{origin}={text!r}: role {duplicates[0]!r} is listed twice")
         if current not in roles:
-            raise ConfigError(
+            raise error(
                 f"{origin}={text!r}: the current role PAI_CURRENT_TASK_ROLE_NAME={current!r} "
                 "is not a trainer role; list it, or do not run trainpod in this role"
             )

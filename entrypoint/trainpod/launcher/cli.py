@@ -162,8 +162,14 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _target(name: str | None, command: list[str], subcommand: str, required: bool) -> Target | None:
+def _target(name: str | None, command: list[str], subcommand: str, required: bool, origin: str = "--example") -> Target | None:
     if name:
+        if command and not command[0].startswith("-"):
+            # A command where the example's flags go: TRAINPOD_EXAMPLE left in an image would run the example
+            # instead, and its ranks would refuse the words only after the job started.
+            raise error_for(origin)(f"{origin}={name} takes the example's own flags after --, and {command[0]!r} is not "
+                                    f"one: run the example or your command, not both ({'drop' if origin.startswith('--') else 'unset'} "
+                                    f"{origin} to run the command)")
         return Target.for_example(name, command, os.environ)  # after --: the example's own flags
     if command:
         return Target.for_command(command, os.environ)
@@ -202,6 +208,14 @@ def _check_replace_stragglers(values, topology: Topology) -> None:
         raise error_for(origin)(f"{origin}: no straggler is ever named with {window}=0: give the watch a window")
 
 
+def _check_metrics_port(values, topology: Topology) -> None:
+    """The metrics endpoint and c10d's store would both listen on node 0's master port: one line naming both."""
+    if values.metrics_port and topology.rdzv.backend == "c10d" and values.metrics_port == topology.master_port:
+        origin = values.origins["metrics_port"]
+        raise error_for(origin)(f"{origin}={values.metrics_port}: node 0's c10d store listens on that port "
+                                f"({topology.origins['master_port']}): give the metrics another port")
+
+
 def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *, required: bool, resolve_names: bool):
     """(topology, run settings, target): everything `run` needs and `explain` shows, from flags and env."""
     flags = vars(args)
@@ -219,13 +233,14 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
 def _checked_job(args: argparse.Namespace, command: list[str], values, example, topology: Topology, required: bool):
     if example:
         example.check_nodes(topology.nnodes, topology.origins["nnodes"])
-    target = _target(values.example, command, args.command, required)
+    target = _target(values.example, command, args.command, required, values.origins.get("example", "--example"))
     if values.warm_start == "on" and target is not None and target.command and warm.python_target(target.command) is None:
         origin = values.origins["warm_start"]
         raise error_for(origin)(f"{origin}=on: expected a command that this Python ({sys.executable}) runs as "
                                 f"`python SCRIPT ...` or `python -m MODULE ...`, got {target.command[0]!r}; use auto or off")
     _check_recovery(values, topology, target)
     _check_replace_stragglers(values, topology)
+    _check_metrics_port(values, topology)
     rdzv = topology.rdzv
     if not rdzv.id:
         # Nothing names the job: the same job on every node has the same shape and runs the same thing.

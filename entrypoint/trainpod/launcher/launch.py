@@ -93,7 +93,7 @@ def build_plan(spec: RunSpec, env: Mapping[str, str], *, cpus: int = 1) -> Launc
         "--nproc-per-node", str(topology.nproc_per_node),
         "--rdzv-backend", rdzv.backend,
         "--rdzv-endpoint", _torch_endpoint(topology),
-        "--rdzv-id", rdzv.id,
+        f"--rdzv-id={rdzv.id}",  # one word whatever the id (a job's name may start with '-'), never a flag of its own
         "--rdzv-conf", _rdzv_conf(topology, spec.connect_timeout),
         "--max-restarts", str(spec.max_restarts),
         # torchrun SIGKILLs workers this long after its SIGTERM: the grace, and time to exit.

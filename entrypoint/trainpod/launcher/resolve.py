@@ -297,6 +297,34 @@ def _host_port(endpoint: str, origin: str) -> tuple[str, int]:
         raise error_for(origin)(f"{named(origin, endpoint)}: expected the c10d store's HOST:PORT") from None
 
 
+def _check_nodes_can_meet(rendezvous: Rendezvous, nnodes: int, origins: Mapping[str, str]) -> None:
+    """Nodes set up by flags alone (no cluster's variables) meet at the master's address, each by its rank:
+    a node left with the single-node defaults (127.0.0.1, node 0) would wait out the rendezvous alone, and
+    be restarted to wait again. An etcd rendezvous, or c10d's own endpoint, needs neither."""
+    if rendezvous.uses_etcd or rendezvous.endpoint:
+        return
+    needed = [flag for flag, key in (("--master-addr", "master_addr"), ("--node-rank", "node_rank"))
+              if origins.get(key) == "single-node default"]
+    if needed:
+        origin = origins["nnodes"]
+        raise error_for(origin)(f"{origin}={settings.format_range((rendezvous.min_nodes, nnodes))}: a job of several nodes "
+                                f"needs {' and '.join(needed)} on every node (node 0 is the master), or a cluster's "
+                                "variables (--source), or a rendezvous that numbers the nodes (--rdzv-endpoint)")
+
+
+def _check_is_host(rendezvous: Rendezvous, node_rank: int | None, origins: Mapping[str, str]) -> None:
+    """A c10d job's node 0 hosts the store, and trainpod tells torch so (launch._rdzv_conf): an is_host in
+    --rdzv-conf that says otherwise would leave the job without a store (every agent waiting on it until
+    torch's own socket timeout, a C++ trace) or with two. Only an elastic job's (no node rank) is torch's to read."""
+    given = rendezvous.settings.get("is_host")
+    if rendezvous.backend != "c10d" or node_rank is None or given is None:
+        return
+    if (given.strip().lower() in rdzv_conf.TorchBoolean.TRUE) != (node_rank == 0):
+        origin = origins.get("rdzv_conf", "--rdzv-conf")
+        raise error_for(origin)(f"{origin} is_host={given}: node {node_rank} {'hosts' if node_rank == 0 else 'does not host'} "
+                                "the c10d store (node 0 does, and trainpod says so to torch): leave is_host out")
+
+
 def resolve_topology(
     options: Mapping[str, Any], env: Mapping[str, str], *, resolve_names: bool = True, nproc_per_node: tuple[int, str] | None = None
 ) -> Topology:
@@ -359,6 +387,9 @@ def resolve_topology(
             f"{origins['node_rank']}={node_rank}: expected a node rank from 0 to "
             f"{nnodes - 1} ({origins['nnodes']}={settings.format_range((min_nodes, nnodes))})"
         )
+    _check_is_host(rendezvous, node_rank, origins)
+    if cls is SingleNodeEnvironment and nnodes > 1:
+        _check_nodes_can_meet(rendezvous, nnodes, origins)
     # The environment's address is checked as strictly as the flag's: '10.0.0.1:29500' or two
     # words would otherwise look like an unreachable master, which is retried.
     master_addr = settings.MASTER_ADDR.parse(master.addr, origins["master_addr"])

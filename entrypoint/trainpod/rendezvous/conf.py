@@ -43,8 +43,10 @@ class TorchBoolean:
     def expected(self) -> str:
         return "one of 1, true, t, yes, y, 0, false, f, no, n"
 
+    TRUE = ("1", "true", "t", "yes", "y")
+
     def __call__(self, value: Any) -> str:
-        if str(value).strip().lower() not in ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n"):
+        if str(value).strip().lower() not in (*self.TRUE, "0", "false", "f", "no", "n"):
             raise Invalid(self.expected())
         return str(value)
 

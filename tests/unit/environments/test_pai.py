@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from fixtures.pai_runtime import pai_environment
@@ -212,3 +214,11 @@ def test_known_roles_are_listed_on_one_line():
     with pytest.raises(ConfigError) as raised:
         discover(env, pai_roles="worker,ps")
     assert len(str(raised.value).splitlines()) == 1 and "roles: " in str(raised.value)
+
+
+@pytest.mark.parametrize("roles,says", [(",", "--pai-roles=',': expected the trainer task roles, comma-separated"),
+                                        ("master", "--pai-roles='master': the current role PAI_CURRENT_TASK_ROLE_NAME='worker'")])
+def test_a_pai_roles_flag_that_cannot_be_is_a_usage_error_that_says_why(roles, says):
+    env = pai_environment({"worker": 2, "master": 1}, ("worker", 0), {"SyncPort": 1})
+    with pytest.raises(UsageError, match=f"^{re.escape(says)}"):
+        discover(env, pai_roles=roles)

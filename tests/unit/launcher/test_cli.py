@@ -78,7 +78,7 @@ def test_explain_shows_the_rendezvous_and_c10ds_single_point_of_failure():
     assert (rdzv["backend"], rdzv["endpoint"], rdzv["min_nodes"], rdzv["max_nodes"], rdzv["elastic"]) == (
         "etcd-v3", "127.0.0.1:2379", 1, 3, True)
     assert data["node_rank"] is None and data["source"] == "etcd"
-    assert rdzv["id"].startswith("job-") and rdzv["id"] in data["command"]
+    assert rdzv["id"].startswith("job-") and f"--rdzv-id={rdzv['id']}" in data["command"]
     again = json.loads(here("explain", "--json", "--nnodes", "1:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
                                 "127.0.0.1:2379", "--example", "cifar10-ddp").stdout)
     assert again["rendezvous"]["id"] == rdzv["id"]  # the same job on every node: the same id
@@ -400,3 +400,25 @@ def test_several_sources_are_one_warning_in_explain_and_in_run():
     result = trainpod("run", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--", "true", env=env)
     assert result.returncode == 0, result.stderr
     assert [line for line in result.stderr.splitlines() if "warning" in line] == [f"[node0] trainpod: warning: {warning}"]
+
+
+@pytest.mark.parametrize("flags,env,code,origin", [
+    (["--example", "cifar10-ddp"], {}, 64, "--example=cifar10-ddp"),
+    ([], {"TRAINPOD_EXAMPLE": "cifar10-ddp"}, 78, "TRAINPOD_EXAMPLE=cifar10-ddp"),  # left in an image, say
+])
+def test_an_example_and_a_command_after_the_dashes_is_one_line_before_anything_starts(flags, env, code, origin):
+    for command in ("explain", "run"):
+        result = here(command, *flags, "--", "python", "train.py", env=env)
+        assert result.returncode == code, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert f"trainpod: error: {origin} takes the example's own flags after --, and 'python' is not one" in line
+
+
+def test_a_metrics_port_that_is_the_master_port_is_one_line_naming_both():
+    # (It was a rendezvous that failed three times, "RendezvousConnectionError ... See inner exception", then 69.)
+    flag = here("explain", "--master-port", "29710", "--metrics-port", "29710")
+    assert flag.returncode == 64 and flag.stderr.endswith(
+        "trainpod: error: --metrics-port=29710: node 0's c10d store listens on that port (--master-port): give the metrics "
+        "another port\n")
+    assert here("explain", env={"TRAINPOD_METRICS_PORT": "29500"}).returncode == 78  # the single node's default port
+    assert here("explain", "--master-port", "29710", "--metrics-port", "29711").returncode == 0

@@ -4,6 +4,7 @@ import pytest
 
 from trainpod.errors import UsageError
 from trainpod.launcher.launch import build_plan
+from trainpod.launcher.resolve import Options, resolve_topology
 from trainpod.runspec import RunSpec, Target
 from trainpod.topology import Topology
 
@@ -92,7 +93,7 @@ def test_an_elastic_etcd_v3_job():
                                               min_nodes=2, max_nodes=4))
     plan = plan_for(topology, Target(command=("x",)), {}, connect_timeout=90)
     joined = " ".join(plan.argv)
-    for part in ("--nnodes 2:4", "--rdzv-backend etcd-v3", "--rdzv-endpoint 10.0.0.9:2379,10.0.0.10:2379", "--rdzv-id job-1.g3",
+    for part in ("--nnodes 2:4", "--rdzv-backend etcd-v3", "--rdzv-endpoint 10.0.0.9:2379,10.0.0.10:2379", "--rdzv-id=job-1.g3",
                  "--rdzv-conf join_timeout=90 "):
         assert part in joined
     assert "is_host" not in joined  # no store to host: the state is in etcd
@@ -110,3 +111,10 @@ def test_torchs_etcd_backend_calls_its_join_timeout_timeout():
                         backend="gloo", interface="lo",
                         rendezvous=Rendezvous(backend="etcd", endpoint="e:2379", id="j", min_nodes=1, max_nodes=2))
     assert "--rdzv-conf timeout=60" in " ".join(plan_for(topology, Target(command=("x",)), {}, connect_timeout=60).argv)
+
+
+def test_a_rendezvous_id_that_starts_with_a_dash_stays_the_value_of_rdzv_id():
+    # A job named '-exp1' (--rdzv-id, TRAINPOD_RDZV_ID, PET_RDZV_ID): torchrun's parser took '--rdzv-id -exp1' for two flags.
+    topology = resolve_topology(Options(rdzv_id="-exp1"), {}, resolve_names=False)
+    plan = plan_for(topology, Target(command=("x",)), {})
+    assert "--rdzv-id=-exp1" in plan.argv and "-exp1" not in plan.argv

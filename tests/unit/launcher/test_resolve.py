@@ -119,3 +119,34 @@ def test_spares_are_an_elastic_jobs_on_a_dynamic_rendezvous():
         resolve({"TRAINPOD_SPARES": "1"}, **{**elastic, "rdzv_backend": "etcd"})
     with pytest.raises(ConfigError, match=r"TRAINPOD_SPARES"):
         resolve({"TRAINPOD_SPARES": "-1"}, **elastic)
+
+
+@pytest.mark.parametrize("flags,needed", [
+    ({"nnodes": "2"}, "--master-addr and --node-rank"),
+    ({"nnodes": "2", "master_addr": "10.0.0.5"}, "--node-rank"),
+    ({"nnodes": "1:2"}, "--master-addr"),
+])
+def test_nodes_set_up_by_flags_alone_need_the_master_and_their_rank_before_anything_waits(flags, needed):
+    # Else every node is node 0 at 127.0.0.1 and waits out the rendezvous alone, restarted to wait again.
+    with pytest.raises(UsageError) as error:
+        resolve({}, **flags)
+    assert str(error.value).startswith(f"--nnodes={flags['nnodes']}: a job of several nodes needs {needed} on every node")
+    topology = resolve({}, nnodes="2", master_addr="10.0.0.5", node_rank="1")
+    assert (topology.node_rank, topology.master_addr) == (1, "10.0.0.5")
+    assert resolve({}, nnodes="2", rdzv_endpoint="10.0.0.5:29400").node_rank is None  # the rendezvous numbers them
+
+
+@pytest.mark.parametrize("env,flags,refused", [
+    ({}, {"rdzv_conf": "is_host=false"}, "--rdzv-conf is_host=false: node 0 hosts the c10d store"),
+    ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "TRAINPOD_RDZV_CONF": "is_host=1"}, {},
+     "TRAINPOD_RDZV_CONF is_host=1: node 1 does not host the c10d store"),
+    ({}, {"rdzv_conf": "is_host=yes"}, None),  # what trainpod tells torch anyway
+])
+def test_an_is_host_that_contradicts_the_node_rank_is_refused(env, flags, refused):
+    # (A single node told is_host=false waited past --connect-timeout for a store nobody hosts, then a C++ trace.)
+    if refused is None:
+        assert resolve(env, **flags).rdzv.settings["is_host"] == "yes"
+        return
+    with pytest.raises((UsageError, ConfigError)) as error:
+        resolve(env, **flags)
+    assert str(error.value).startswith(refused) and error.value.exit_code == (64 if flags else 78)

@@ -13,7 +13,7 @@ from trainpod.errors import ConfigError, TrainpodError, UsageError
 from trainpod.launcher.resolve import Options, resolve_topology
 from trainpod.rendezvous import conf
 
-ETCD = {"c10d": {}, "etcd": {"rdzv_endpoint": "e:2379"}, "etcd-v3": {"rdzv_endpoint": "e:2379"}}
+ETCD = {"c10d": {"rdzv_endpoint": "10.0.0.1:29400"}, "etcd": {"rdzv_endpoint": "e:2379"}, "etcd-v3": {"rdzv_endpoint": "e:2379"}}
 
 
 def resolve(backend, rdzv_conf, as_variable=False):
