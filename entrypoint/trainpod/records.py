@@ -22,7 +22,8 @@ interleave. Every line is `{"time": <unix seconds>, "node": <host>, "kind": <KIN
                  save() held the training loop)
 
 Writing never fails the job: an unwritable directory loses the records (the agent says so once), never the
-run. A reader skips what it cannot parse (a line cut by a kill, another version's kind it does not know).
+run. A reader (scan) takes every line that is a record, and says which are none (the report lists them),
+but for a line cut by a kill and another version's kind, which it passes over without a word.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import math
 import os
 import re
 import socket
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -101,26 +102,89 @@ def _finite(value: Any) -> Any:
     return value
 
 
+# A records line, in the words of a reader's messages.
+LINE = '{"time": <unix seconds>, "node": <host>, "kind": <kind>, ...}'
+
+
+@dataclass
+class Scan:
+    """What a records directory holds: the records, in time order, and the lines that are none (FILE, LINE
+    number, why), but for a last line cut short (its node stopped while writing it) and another version's kind."""
+
+    directory: Path  # OUTPUT/records
+    files: list[Path] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    left_out: list[tuple[Path, int, str]] = field(default_factory=list)
+
+
 def read(output_dir: str | os.PathLike) -> list[Record]:
-    """Every node's records under `output_dir`, in time order ([] where there are none)."""
-    return sorted(_read(Path(output_dir) / RECORDS_DIR), key=lambda record: record.time)
-
-
-def _read(directory: Path) -> Iterator[Record]:
+    """Every node's records under `output_dir`, in time order ([] where there are none, or none can be read)."""
     try:
-        paths = sorted(directory.glob("*.jsonl"))
+        return scan(output_dir).records
     except OSError:
-        return
-    for path in paths:
+        return []
+
+
+def scan(output_dir: str | os.PathLike) -> Scan:
+    """Every node's records under `output_dir` and what could not be taken; OSError (with its path) where the
+    directory or a file of it cannot be read. A missing directory, or a file gone once listed, is no error."""
+    found = Scan(Path(output_dir) / RECORDS_DIR)
+    try:
+        with os.scandir(found.directory) as entries:
+            names = sorted(entry.name for entry in entries if entry.name.endswith(".jsonl"))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        path = found.directory / name
         try:
-            text = path.read_text(errors="replace")
-        except OSError:
+            text = path.read_bytes().decode("utf-8", errors="replace")
+        except FileNotFoundError:
             continue
-        for line in text.splitlines():
-            try:
-                item = json.loads(line)
-                time, node, kind = float(item.pop("time")), str(item.pop("node")), str(item.pop("kind"))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue  # a line cut by a kill, or not a record
-            if kind in KINDS:
-                yield Record(time, node, kind, item)
+        found.files.append(path)
+        lines = text.split("\n")
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            record, why = parse(line)
+            if record is not None:
+                found.records.append(record)
+            elif why is not None and not (number == len(lines) and why.startswith("not JSON")):
+                found.left_out.append((path, number, why))  # (a last line without its newline: cut by a kill)
+    found.records.sort(key=lambda record: record.time)
+    return found
+
+
+def parse(line: str) -> tuple[Record | None, str | None]:
+    """(the record on this line, None), (None, why it is none), or (None, None) for a kind this version does not
+    know. Its time must be a date: NaN, an infinity or 1e20 would break every reader's time axis."""
+    try:
+        item = json.loads(line)
+    except ValueError:
+        return None, f"not JSON: expected a run record {LINE}"
+    if not isinstance(item, dict):
+        return None, f"a JSON {_json_type(item)}, not an object: expected a run record {LINE}"
+    for name in ("time", "node", "kind"):
+        if name not in item:
+            return None, f'no "{name}": expected a run record {LINE}'
+    time, node, kind = item.pop("time"), str(item.pop("node")), str(item.pop("kind"))
+    if kind not in KINDS:
+        return None, None
+    try:
+        time = float(time)
+        datetime.fromtimestamp(time, timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None, f'"time" {_shown(time)}: expected unix seconds, a finite number (a date from year 1 to 9999)'
+    return Record(time, node, kind, item), None
+
+
+def _json_type(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+
+
+def _shown(value: Any) -> str:
+    """A value as the JSON it came from, shortened."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -47,3 +47,16 @@ def test_a_directory_that_cannot_be_written_says_so_once_and_writes_nothing_more
     assert not writer.write("started", 1.0, world=1, nodes=1, ranks=[0])
     assert not writer.write("failed", 2.0, cause="failure", restarting=False)
     assert len(said) == 1 and "the run's records stop here" in said[0], said
+
+
+def test_a_line_that_is_no_record_is_passed_over_by_read_and_said_by_scan(tmp_path):
+    # (A 400-digit time was an OverflowError out of read(), a traceback for every caller.)
+    good = {"time": 1796640000.0, "node": "a", "kind": "started", "world": 2}
+    lines = [json.dumps(good), '{"time": 1' + "0" * 400 + ', "node": "a", "kind": "failed"}', '{"time": NaN, "node": "a", "kind": "hang"}',
+             "[1, 2]", '{"time": 1, "node": "a", "kind": "a-later-kind"}', '{"time": 17966400']  # the last: cut by a kill
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "a.jsonl").write_text("\n".join(lines))
+    assert [record.kind for record in records.read(tmp_path)] == ["started"]
+    found = records.scan(tmp_path)
+    assert [(number, why.split(":")[0]) for _, number, why in found.left_out] == [(2, '"time" 1000000000000000000000000000000000000...'),
+                                                                                 (3, '"time" NaN'), (4, "a JSON list, not an object")]

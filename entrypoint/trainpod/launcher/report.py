@@ -35,6 +35,13 @@ read from the files is escaped: a node name or a cause is data, never markup.
 
 Every node's agent sees a failure of the job and writes its own `failed` line (and its own recovery, membership change
 and hang): the header counts the most that any one node recorded.
+
+What it cannot use, it says. A records line that cannot be drawn (not JSON, not a record object, a "time" that is no
+date: NaN, an infinity, 1e20) is left out with one warning on stderr, and the report lists it (file:line, what it
+holds, what was expected); with nothing else to draw that is one line and 78. Left out without a word, as the records'
+reader leaves them out: a file's last line cut short (its node stopped while writing it) and a kind this version does
+not know (another version's). A records directory or file that cannot be read is one line naming it and 78: a report
+that silently leaves out a node's records would draw another run.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ COLORS = {"failed": "#d62728", "recovered": "#2ca02c", "membership": "#9467bd", 
 SYMBOLS = {"failed": "x", "recovered": "circle", "membership": "diamond", "hang": "hourglass",
            "straggler": "triangle-down"}
 NEEDS_PLOTLY = "trainpod report: needs plotly: pip install 'trainpod[report]'"
+NAMED_LEFT_OUT = 20  # the report lists this many of the records lines it left out (and counts the rest)
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class Run:
     directory: Path
     records: list[records.Record]
     metrics: dict[str, Any] | None
+    left_out: tuple[str, ...] = ()  # the first NAMED_LEFT_OUT records lines that cannot be drawn: "FILE:LINE: why"
+    left_out_count: int = 0  # how many there are in all
 
     @property
     def start(self) -> float:
@@ -97,17 +107,60 @@ def load(output_dir: str | os.PathLike) -> Run:
     if not directory.is_dir():
         raise ConfigError(f"trainpod report: {directory}: not a directory: expected a job's output directory "
                           f"(with {RECORDS_DIR}/*.jsonl or {METRICS_FILE})")
-    found, (metrics, problem) = records.read(directory), _metrics(directory / METRICS_FILE)
+    read, (metrics, problem) = _records(directory), _metrics(directory / METRICS_FILE)
+    found = read.records
     if problem and not found:
         raise ConfigError(f"trainpod report: {directory / METRICS_FILE}: {problem}: expected the JSON object rank 0 "
-                          f"writes (and there are no run records, {RECORDS_DIR}/*.jsonl, to draw without it)")
+                          f"writes (and there are no run records to draw without it: {read.none()})")
     if problem:
         _warn(f"{directory / METRICS_FILE}: {problem}: drawn without it")
     if not found and metrics is None:
+        if read.files:  # files, but not one record in them that can be drawn: say what they hold
+            raise ConfigError(f"trainpod report: {read.none()}; and no {METRICS_FILE} in {directory}")
         raise ConfigError(f"trainpod report: no run records ({RECORDS_DIR}/*.jsonl) or {METRICS_FILE} in {directory}: "
                           "expected a job's output directory (--output-dir, TRAINPOD_OUTPUT_DIR), written by its "
                           "agents and its rank 0")
-    return Run(directory, found, metrics)
+    if read.left_out:
+        more = f" (and {read.count - 1} more; the report lists them)" if read.count > 1 else ""
+        _warn(f"{read.left_out[0]}: left out{more}")
+    return Run(directory, found, metrics, tuple(read.left_out), read.count)
+
+
+@dataclass
+class _Read:
+    """The records for the report (trainpod.records.scan) and the lines that cannot be drawn: the first
+    NAMED_LEFT_OUT, "FILE:LINE: what it holds: what was expected", and how many."""
+
+    directory: Path  # OUTPUT/records
+    files: list[Path]
+    records: list[records.Record]
+    left_out: list[str]
+    count: int = 0
+
+    def none(self) -> str:
+        """Why there is no record to draw, in words."""
+        if self.left_out:
+            more = f" (and {self.count - 1} more lines that cannot be drawn)" if self.count > 1 else ""
+            return f"{self.left_out[0]}{more}; no other run record in {self.directory}/*.jsonl"
+        if self.files:
+            named = str(self.files[0]) + (f" and {len(self.files) - 1} more files" if len(self.files) > 1 else "")
+            return (f"no run record in {named}: expected lines {records.LINE} with kind one of {', '.join(records.KINDS)} "
+                    "(a last line cut short, by a node that stopped while writing it, is left out)")
+        return f"no {self.directory}/*.jsonl"
+
+
+def _records(directory: Path) -> _Read:
+    """The records under directory/records; a ConfigError (78) naming the records directory or a file of it that
+    cannot be read (a report without a node's records would be another run's)."""
+    try:
+        found = records.scan(directory)
+    except OSError as error:
+        where = error.filename or directory / RECORDS_DIR
+        what = ("the directory of the nodes' records files (*.jsonl)" if Path(where).name == RECORDS_DIR
+                else "a node's records file")
+        raise ConfigError(f"trainpod report: {where}: {error.strerror or error}: expected {what}, readable by this user") from None
+    named = [f"{path}:{number}: {why}" for path, number, why in found.left_out[:NAMED_LEFT_OUT]]
+    return _Read(found.directory, found.files, found.records, named, len(found.left_out))
 
 
 def _metrics(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -150,7 +203,8 @@ def progress_by_rank(run: Run) -> dict[int, list[records.Record]]:
 def loss_curve(metrics: dict[str, Any] | None) -> list[tuple[float, float]]:
     """metrics.json's [[step, loss], ...], what of it is numbers."""
     points = []
-    for item in (metrics or {}).get("loss_curve") or []:
+    curve = (metrics or {}).get("loss_curve")
+    for item in curve if isinstance(curve, list) else []:
         if isinstance(item, (list, tuple)) and len(item) == 2:
             step, loss = _number(item[0]), _number(item[1])
             if step is not None and loss is not None:
@@ -481,7 +535,21 @@ def header(run: Run) -> list[tuple[str, str]]:
         ]
     else:
         lines.append(("records", f"none ({RECORDS_DIR}/*.jsonl): only {METRICS_FILE} is drawn"))
+    if run.left_out_count:
+        s = "s" if run.left_out_count > 1 else ""
+        lines.append(("left out", f"{run.left_out_count} records line{s} that cannot be drawn (listed below the events)"))
     return lines
+
+
+def left_out_list(run: Run) -> str:
+    """The records lines left out, as an HTML list (escaped: a line's text is data); "" where none is."""
+    if not run.left_out_count:
+        return ""
+    items = "\n".join(f"<li>{html.escape(line)}</li>" for line in run.left_out)
+    more = run.left_out_count - len(run.left_out)
+    if more:
+        items += f"\n<li>and {more} more</li>"
+    return f"\n<h2>Records lines left out</h2>\n<ul>\n{items}\n</ul>"
 
 
 def events_table(run: Run) -> str:
@@ -515,7 +583,7 @@ def render(run: Run) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{title}</title>\n"
             f"<style>{STYLE}</style>\n</head>\n<body>\n<h1>{title}</h1>\n"
             f"<p class=\"where\">{html.escape(str(run.directory))}</p>\n<dl>\n{facts}\n</dl>\n"
-            + "\n".join(parts) + f"\n<h2>Events</h2>\n{events_table(run)}\n</body>\n</html>\n")
+            + "\n".join(parts) + f"\n<h2>Events</h2>\n{events_table(run)}{left_out_list(run)}\n</body>\n</html>\n")
 
 
 def write(output_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:

@@ -195,3 +195,140 @@ def test_the_report_never_imports_torch(tmp_path):
                             env={**os.environ, "PYTHONPATH": path})
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "False"
+
+
+# --- records that cannot be drawn, and records that cannot be read ------------------------------------
+
+STARTED = '{"time": 100.0, "node": "vm", "kind": "started", "world": 1, "nodes": 1, "ranks": [0]}'
+
+
+def progress(at: float | str, step: int) -> str:
+    return (f'{{"time": {at}, "node": "vm", "kind": "progress", "rank": 0, "step": {step}, "samples": {8 * step}, '
+            f'"own_s": 0, "step_s": 1.0}}')
+
+
+def records_file(output: Path, *lines: str, end: str = "\n") -> Path:
+    (output / "records").mkdir(parents=True, exist_ok=True)
+    path = output / "records" / "vm.jsonl"
+    path.write_text("\n".join(lines) + end)
+    return path
+
+
+@pytest.fixture
+def unreadable(monkeypatch):
+    """make(path): chmod 000; where that does not stop this user (root), the system's refusal to list or open that one
+    path is made by hand (os.scandir, Path.open), as it is for anyone else. Readable again afterwards."""
+    import errno
+    import pathlib
+
+    made = []
+    scandir, path_open = os.scandir, pathlib.Path.open
+
+    def refused(path):
+        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    def make(path: Path) -> None:
+        mode = path.stat().st_mode
+        made.append((path, mode))
+        path.chmod(0)
+        if os.access(path, os.R_OK):
+            monkeypatch.setattr(os, "scandir", lambda p=".": (_ for _ in ()).throw(refused(p))
+                                if os.fspath(p) == str(path) else scandir(p))
+            monkeypatch.setattr(pathlib.Path, "open", lambda self, *a, **k: (_ for _ in ()).throw(refused(self))
+                                if str(self) == str(path) else path_open(self, *a, **k))
+
+    yield make
+    for path, mode in made:
+        path.chmod(mode)
+
+
+@pytest.mark.parametrize("time, shown", [("1e20", "1e+20"), ("1e400", "Infinity"), ("NaN", "NaN"), ('"soon"', '"soon"')])
+def test_a_time_that_is_no_date_is_78_naming_the_file_its_line_and_the_field(tmp_path, capsys, time, shown):
+    path = records_file(tmp_path, STARTED.replace("100.0", time))
+    code, out, err = run_report(capsys, tmp_path)
+    assert (code, out) == (78, "")
+    line = one_line(err)
+    assert f'{path}:1: "time" {shown}: expected unix seconds, a finite number (a date from year 1 to 9999)' in line
+    assert "no run records (records/*.jsonl)" not in line
+
+
+def test_a_progress_line_whose_time_is_nan_is_left_out_said_once_and_listed_and_the_rest_is_drawn(tmp_path, capsys):
+    path = records_file(tmp_path, STARTED, progress(101.0, 1), progress("NaN", 2), progress(102.0, 2),
+                        progress(103.0, 3))
+    code, out, err = run_report(capsys, tmp_path)
+    assert (code, out) == (0, f"{tmp_path / 'report.html'}\n"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f'warning: trainpod report: {path}:3: "time" NaN: expected unix seconds' in err and err.endswith("left out\n")
+    page = (tmp_path / "report.html").read_text()
+    assert "<dt>records</dt><dd>4 from 1 nodes" in page  # the started line and three progress lines
+    assert "throughput of the job (samples" in page
+    assert "<dt>left out</dt><dd>1 records line that cannot be drawn" in page
+    assert f'<h2>Records lines left out</h2>\n<ul>\n<li>{path}:3: &quot;time&quot; NaN: expected' in page
+
+
+def test_lines_left_out_are_counted_in_one_warning_and_their_text_is_data_never_markup(tmp_path, capsys):
+    bad = [STARTED.replace("100.0", '"<b>x</b>"')] * 25
+    path = records_file(tmp_path, STARTED, *bad, progress(101.0, 1))
+    code, _, err = run_report(capsys, tmp_path)
+    assert code == 0 and err.count("\n") == 1, err
+    assert f"{path}:2: " in err and "(and 24 more; the report lists them)" in err
+    page = (tmp_path / "report.html").read_text()
+    listed = page.split("<h2>Records lines left out</h2>", 1)[1]
+    assert listed.count("<li>") == 21 and "<li>and 5 more</li>" in listed
+    assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in listed
+
+
+@pytest.mark.parametrize("text, why", [
+    ("not json", "not JSON: expected a run record {"),
+    ("[1, 2]", "a JSON list, not an object: expected a run record {"),
+    ('"started"', "a JSON string, not an object: expected a run record {"),
+    ('{"time": 100.0, "node": "vm"}', 'no "kind": expected a run record {'),
+])
+def test_a_file_of_lines_that_are_no_records_is_78_naming_its_line_not_no_records(tmp_path, capsys, text, why):
+    path = records_file(tmp_path, text)
+    code, out, err = run_report(capsys, tmp_path)
+    assert (code, out) == (78, "")
+    line = one_line(err)
+    assert f"{path}:1: {why}" in line and "no run records (records/*.jsonl)" not in line
+
+
+def test_a_file_whose_only_line_is_cut_by_a_kill_is_78_saying_it_holds_no_record(tmp_path, capsys):
+    path = records_file(tmp_path, STARTED[:30], end="")
+    code, out, err = run_report(capsys, tmp_path)
+    assert (code, out) == (78, "")
+    line = one_line(err)
+    assert f"no run record in {path}: expected lines" in line and "a last line cut short" in line
+
+
+def test_a_last_line_cut_by_a_kill_and_a_kind_of_another_version_are_left_out_unsaid(tmp_path, capsys):
+    records_file(tmp_path, STARTED, '{"time": 100.5, "node": "vm", "kind": "a-later-kind"}', progress(101.0, 1),
+                 progress(102.0, 2)[:40], end="")
+    code, _, err = run_report(capsys, tmp_path)
+    assert (code, err) == (0, "")
+    page = (tmp_path / "report.html").read_text()
+    assert "<dt>records</dt><dd>2 from 1 nodes" in page and "left out" not in page
+
+
+def test_an_unreadable_records_directory_is_78_naming_it_though_metrics_json_is_readable(tmp_path, capsys, unreadable):
+    write_run(tmp_path / "output")
+    unreadable(tmp_path / "output" / "records")
+    code, out, err = run_report(capsys, tmp_path / "output")
+    assert (code, out) == (78, "")
+    assert one_line(err) == (f"trainpod: error: trainpod report: {tmp_path / 'output' / 'records'}: Permission denied: "
+                             "expected the directory of the nodes' records files (*.jsonl), readable by this user")
+
+
+def test_an_unreadable_records_file_is_78_naming_it(tmp_path, capsys, unreadable):
+    output = write_run(tmp_path / "output")
+    unreadable(output / "records" / "node-b.jsonl")
+    code, out, err = run_report(capsys, output)
+    assert (code, out) == (78, "")
+    assert one_line(err) == (f"trainpod: error: trainpod report: {output / 'records' / 'node-b.jsonl'}: Permission "
+                             "denied: expected a node's records file, readable by this user")
+
+
+def test_a_loss_curve_that_is_no_list_is_left_out(tmp_path, capsys):
+    (tmp_path / "metrics.json").write_text('{"example": "x", "loss_curve": 5}')
+    code, _, err = run_report(capsys, tmp_path)
+    assert (code, err) == (0, "")
+    assert "Nothing to draw" in (tmp_path / "report.html").read_text()
