@@ -10,7 +10,9 @@ each a job of its own on the node's master port, training alone at world 1. That
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from typing import Any
 
 from trainpod.environments.base import (
     DEFAULT_MASTER_PORT,
@@ -21,7 +23,7 @@ from trainpod.environments.base import (
     parse_int,
     parse_port,
 )
-from trainpod.errors import ConfigError
+from trainpod.errors import ConfigError, TrainpodError
 from trainpod.settings import NNODES, RDZV_BACKEND
 
 NNODES_VARS = ("PET_NNODES", "NNODES")
@@ -33,6 +35,8 @@ RDZV_VARS = ("PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_MAX_RE
 DETECT_VARS = NNODES_VARS + NODE_RANK_VARS + MASTER_ADDR_VARS + MASTER_PORT_VARS + RDZV_VARS[:2]
 
 
+# Kubernetes' service links: a Service named master gives every pod MASTER_PORT=tcp://10.96.0.12:29500.
+_SERVICE_LINK = re.compile(r"(?:tcp|udp|sctp)://[^\s/]+:[0-9]+")
 WORKER_VAR = "TORCHELASTIC_RUN_ID"  # torchrun's agent sets it in each worker, and no cluster sets it for a node
 
 
@@ -83,7 +87,7 @@ class TorchrunEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect(env: Mapping[str, str]) -> bool:
-        if any(env.get(name, "").strip() for name in DETECT_VARS):
+        if any(env.get(name, "").strip() and not _SERVICE_LINK.fullmatch(env[name].strip()) for name in DETECT_VARS):
             return True
         return "WORLD_SIZE" in env and "RANK" in env and "LOCAL_RANK" not in env
 
@@ -94,9 +98,22 @@ class TorchrunEnvironment(ClusterEnvironment):
             names = ["WORLD_SIZE", "RANK"]
         return names
 
+    def _parsed(self, name: str, parse, text: str | None, var: str | None, default: Any = None) -> Any:
+        """`text` of `var` parsed, or `default` where it is not set; where a flag gives the value (flags override
+        variables), a malformed variable is passed over instead of refused."""
+        if text is None:
+            return default
+        try:
+            return parse(text, var)
+        except TrainpodError:
+            if self._flags.get(name) is None:
+                raise
+            return default
+
     def discover(self) -> Discovery:
         env = self.env
         origins: dict[str, str] = {}
+        warnings: list[str] = []
 
         nnodes_text, nnodes_var = _first(env, NNODES_VARS)
         rank_text, rank_var = _first(env, NODE_RANK_VARS)
@@ -105,18 +122,19 @@ class TorchrunEnvironment(ClusterEnvironment):
             if rank_text is None:
                 rank_text, rank_var = _first(env, ("RANK",))
 
-        min_nodes, nnodes = _parse_nnodes(nnodes_text, nnodes_var) if nnodes_text is not None else (1, 1)
+        min_nodes, nnodes = self._parsed("nnodes", _parse_nnodes, nnodes_text, nnodes_var, (1, 1))
         origins["nnodes"] = nnodes_var or "default (no node count set)"
         rdzv = {var: env[var].strip() for var in RDZV_VARS if env.get(var, "").strip()}
         for var in rdzv:
             origins[var.removeprefix("PET_").lower()] = var
-        backend = RDZV_BACKEND.parse(rdzv["PET_RDZV_BACKEND"], "PET_RDZV_BACKEND") if "PET_RDZV_BACKEND" in rdzv else None
-        max_restarts = parse_int(rdzv["PET_MAX_RESTARTS"], "PET_MAX_RESTARTS", maximum=10000) if "PET_MAX_RESTARTS" in rdzv else None
+        backend = self._parsed("rdzv_backend", RDZV_BACKEND.parse, rdzv.get("PET_RDZV_BACKEND"), "PET_RDZV_BACKEND")
+        max_restarts = self._parsed("max_restarts", lambda text, var: parse_int(text, var, maximum=10000),
+                                    rdzv.get("PET_MAX_RESTARTS"), "PET_MAX_RESTARTS")
 
         missing: dict[str, str] = {}
         node_rank: int | None = None
-        if rank_text is not None:
-            node_rank = parse_int(rank_text, rank_var, maximum=MAX_NODES - 1)
+        if rank_text is not None and (node_rank := self._parsed(
+                "node_rank", lambda text, var: parse_int(text, var, maximum=MAX_NODES - 1), rank_text, rank_var)) is not None:
             origins["node_rank"] = rank_var
         elif nnodes > 1:
             missing["node_rank"] = (
@@ -140,19 +158,23 @@ class TorchrunEnvironment(ClusterEnvironment):
             origins["master_addr"] = addr_var
 
         port_text, port_var = _first(env, MASTER_PORT_VARS)
-        if port_text is not None:
-            master_port = parse_port(port_text, port_var)
-        else:
+        if port_text is not None and _SERVICE_LINK.fullmatch(port_text.strip()):
+            # What Kubernetes sets in every pod for a Service named master (its service links), not a port.
+            warnings.append(f"{port_var}={port_text.strip()!r} is Kubernetes' link to a Service named master, not a "
+                            f"port: ignored (set {port_var} to the port, or enableServiceLinks: false)")
+            port_text = None
+        master_port = self._parsed("master_port", parse_port, port_text, port_var)
+        if master_port is None:
             master_port, port_var = DEFAULT_MASTER_PORT, "default"
         origins["master_port"] = port_var
 
         nproc_text, nproc_var = _first(env, ("PET_NPROC_PER_NODE",))
-        nproc = _parse_nproc(nproc_text, nproc_var) if nproc_text is not None else None
+        nproc = self._parsed("nproc_per_node", _parse_nproc, nproc_text, nproc_var)
         if nproc is not None:
             origins["nproc_per_node"] = nproc_var
 
         return Discovery(
-            warnings=_disagreements(env),
+            warnings=(*_disagreements(env), *warnings),
             nnodes=nnodes,
             min_nodes=min_nodes if min_nodes < nnodes else None,
             rdzv_backend=backend,

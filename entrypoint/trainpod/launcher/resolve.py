@@ -298,13 +298,14 @@ def _host_port(endpoint: str, origin: str) -> tuple[str, int]:
 
 
 def _check_nodes_can_meet(rendezvous: Rendezvous, nnodes: int, origins: Mapping[str, str]) -> None:
-    """Nodes set up by flags alone (no cluster's variables) meet at the master's address, each by its rank:
+    """Nodes of a fixed-size job meet at the master's address, each by its rank, which no variable gave here:
     a node left with the single-node defaults (127.0.0.1, node 0) would wait out the rendezvous alone, and
     be restarted to wait again. An etcd rendezvous, or c10d's own endpoint, needs neither."""
     if rendezvous.uses_etcd or rendezvous.endpoint:
         return
+    defaults = ("single-node default", "default", "default (single node)")  # the single and torchrun sources' words
     needed = [flag for flag, key in (("--master-addr", "master_addr"), ("--node-rank", "node_rank"))
-              if origins.get(key) == "single-node default"]
+              if origins.get(key) in defaults]
     if needed:
         origin = origins["nnodes"]
         raise error_for(origin)(f"{origin}={settings.format_range((rendezvous.min_nodes, nnodes))}: a job of several nodes "
@@ -388,7 +389,7 @@ def resolve_topology(
             f"{nnodes - 1} ({origins['nnodes']}={settings.format_range((min_nodes, nnodes))})"
         )
     _check_is_host(rendezvous, node_rank, origins)
-    if cls is SingleNodeEnvironment and nnodes > 1:
+    if nnodes > 1:
         _check_nodes_can_meet(rendezvous, nnodes, origins)
     # The environment's address is checked as strictly as the flag's: '10.0.0.1:29500' or two
     # words would otherwise look like an unreachable master, which is retried.

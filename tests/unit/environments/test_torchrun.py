@@ -176,3 +176,28 @@ def test_pet_and_plain_variables_that_disagree_are_one_warning():
     assert warning == ("PET_* and plain variables disagree: using torchrun's PET_NODE_RANK='1', PET_MASTER_ADDR='mnist-node-0-0.mnist'; "
                        "ignoring NODE_RANK='0', MASTER_ADDR='other-master'")
     assert discover({**KUBEFLOW_TRAINER, "MASTER_ADDR": "mnist-node-0-0.mnist"}).warnings == ()
+
+
+def test_kubernetes_link_to_a_service_named_master_is_no_port():
+    # Every pod of a namespace with a Service named master gets MASTER_PORT=tcp://<cluster IP>:<port> (service links).
+    link = {"MASTER_PORT": "tcp://10.96.0.12:29500", "MASTER_SERVICE_HOST": "10.96.0.12", "MASTER_SERVICE_PORT": "29500"}
+    assert resolve_topology(Options(), link, resolve_names=False).source == "single"  # not a torchrun job's variable
+    topology = resolve_topology(Options(), {**PYTORCHJOB_V1, **link}, resolve_names=False)
+    assert (topology.master_port, topology.origins["master_port"]) == (29500, "default")
+    assert any(w.startswith("MASTER_PORT='tcp://10.96.0.12:29500' is Kubernetes' link to a Service named master, not a port")
+               for w in topology.warnings)
+
+
+@pytest.mark.parametrize("var,value,flag,given", [
+    ("MASTER_PORT", "abc", "master_port", "29400"),
+    ("NODE_RANK", "x", "node_rank", "1"),
+    ("PET_NNODES", "two", "nnodes", "3"),
+    ("PET_NPROC_PER_NODE", "many", "nproc_per_node", "2"),
+    ("PET_MAX_RESTARTS", "x", "max_restarts", "3"),
+])
+def test_a_malformed_variable_that_a_flag_replaces_is_no_error(var, value, flag, given):
+    env = {**PYTORCHJOB_V1, var: value}
+    with pytest.raises(ConfigError, match=f"^{var}="):
+        resolve_topology(Options(), env, resolve_names=False)
+    flags = {flag: given, "node_rank": "2"}  # (a node of 3 still says its rank: no variable gives it then)
+    resolve_topology(Options(**flags), env, resolve_names=False)  # flags override variables, however they read
