@@ -208,6 +208,16 @@ def _check_replace_stragglers(values, topology: Topology) -> None:
         raise error_for(origin)(f"{origin}: no straggler is ever named with {window}=0: give the watch a window")
 
 
+def _check_netcheck(values) -> None:
+    """--min-bandwidth above 0 turns the network check on: with the check turned off in so many words, one line."""
+    origin = values.origins["netcheck"]
+    if values.netcheck == "off" and values.min_bandwidth and origin != "default":
+        bound = values.origins["min_bandwidth"]
+        culprit = origin if origin.startswith("--") or not bound.startswith("--") else bound
+        raise error_for(culprit)(f"{origin}=off and {bound}={values.min_bandwidth:g}: a bound turns the network check on; "
+                                 "give one or the other")
+
+
 def _check_metrics_port(values, topology: Topology) -> None:
     """The metrics endpoint and c10d's store would both listen on node 0's master port: one line naming both."""
     if values.metrics_port and topology.rdzv.backend == "c10d" and values.metrics_port == topology.master_port:
@@ -241,6 +251,7 @@ def _checked_job(args: argparse.Namespace, command: list[str], values, example, 
     _check_recovery(values, topology, target)
     _check_replace_stragglers(values, topology)
     _check_metrics_port(values, topology)
+    _check_netcheck(values)
     rdzv = topology.rdzv
     if not rdzv.id:
         # Nothing names the job: the same job on every node has the same shape and runs the same thing.

@@ -140,6 +140,10 @@ def _rendezvous(given: settings.Values, found: Discovery, cls, master: _Master,
             master = _Master(host, master.port if port_given else port, route, master.port_origin if port_given else route)
     elif endpoint:
         host, port = _host_port(endpoint, e_origin)
+        for flag, was, now in (("--master-addr", master.addr, host), ("--master-port", master.port, port)):
+            if given.origins.get(flag[2:].replace("-", "_")) == flag and e_origin.startswith("--") and str(was) != str(now):
+                raise UsageError(f"{flag}={was} and {e_origin}={endpoint}: c10d's store is the master, at the endpoint: "
+                                 f"give one of them")
         master = _Master(host, port, e_origin, e_origin)  # c10d: the store's host is the master
         endpoint = join_host_port(host, port)
     origins["rdzv_endpoint"] = e_origin if endpoint else "the master's address and port"

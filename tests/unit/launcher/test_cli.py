@@ -422,3 +422,17 @@ def test_a_metrics_port_that_is_the_master_port_is_one_line_naming_both():
         "another port\n")
     assert here("explain", env={"TRAINPOD_METRICS_PORT": "29500"}).returncode == 78  # the single node's default port
     assert here("explain", "--master-port", "29710", "--metrics-port", "29711").returncode == 0
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--netcheck", "off", "--min-bandwidth", "5", "--example", "cifar10-ddp"],
+     "--netcheck=off and --min-bandwidth=5: a bound turns the network check on; give one or the other"),
+    (["--master-addr", "10.0.0.9", "--rdzv-endpoint", "10.0.0.7:29400", "--nnodes", "2", "--node-rank", "1"],
+     "--master-addr=10.0.0.9 and --rdzv-endpoint=10.0.0.7:29400: c10d's store is the master, at the endpoint"),
+    (["--master-port", "29710", "--rdzv-endpoint", "127.0.0.1:29800"],
+     "--master-port=29710 and --rdzv-endpoint=127.0.0.1:29800: c10d's store is the master, at the endpoint"),
+])
+def test_flags_that_contradict_each_other_are_one_line_naming_both(args, says):
+    # (Each was resolved silently: the check turned on, the endpoint's host or port taken as the master's.)
+    result = here("explain", *args)
+    assert result.returncode == 64 and says in result.stderr and len(result.stderr.splitlines()) == 1
