@@ -25,8 +25,8 @@ from trainpod.agent import consistency, warm
 from trainpod.errors import EXIT_USAGE, ConfigError, TrainpodError, UsageError, error_for
 from trainpod.examples import EXAMPLES
 from trainpod.launcher import left_out, report
+from trainpod.launcher.command import check_command
 from trainpod.launcher.launch import available_cpus, build_plan
-from trainpod.launcher.preflight import check_command
 from trainpod.launcher.resolve import Options, resolve_topology
 from trainpod.rendezvous import ids
 from trainpod.runspec import RUN_SETTINGS, RunSpec, Target

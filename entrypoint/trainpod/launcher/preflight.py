@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import errno
 import importlib
+import importlib.machinery
 import importlib.util
 import os
-import shutil
 import socket
 import sys
 import tempfile
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from trainpod.errors import EXIT_CANTCREAT, NO_SPACE, ConfigError, TrainpodError, UnreachableError, UsageError
+from trainpod.errors import EXIT_CANTCREAT, NO_SPACE, ConfigError, TrainpodError, UnreachableError
 from trainpod.launcher import network
 from trainpod.topology import Topology
 
@@ -87,29 +87,6 @@ def check_imports(needs: Sequence[str], what: str) -> None:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ConfigError(f"{name} does not import in {sys.executable} ({type(exc).__name__}: {first}): {what} needs it; "
                               f"reinstall {package}") from None
-
-
-def check_command(command: Sequence[str], env: Mapping[str, str]) -> None:
-    """The user's command exists and is executable here (as torchrun's --no-python will run it), and a
-    Python script it names exists: a usage error (64) now, not the same failure on every rank."""
-    program = command[0]
-    if "/" in program:
-        if os.path.isdir(program):
-            raise UsageError(f"-- {program}: is a directory, not a program to run")
-        if not os.path.exists(program):
-            raise UsageError(f"-- {program}: no such file")
-        if not os.access(program, os.X_OK):
-            raise UsageError(f"-- {program}: not executable (chmod +x it, or run it with its interpreter)")
-        path = program
-    else:
-        path = shutil.which(program, path=env.get("PATH", os.defpath))
-        if path is None:
-            raise UsageError(f"-- {program}: command not found (searched PATH)")
-    name = os.path.basename(path)
-    if name.startswith("python") and len(command) > 1:
-        script = command[1]
-        if not script.startswith("-") and script.endswith(".py") and not os.path.isfile(script):
-            raise UsageError(f"-- {program} {script}: no such file ({os.getcwd()})")
 
 
 def _pause(waited_s: float, fast: float = FAST_RETRY_S) -> float:
