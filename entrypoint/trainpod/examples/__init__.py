@@ -36,8 +36,9 @@ class Example:
         if self.max_nodes and nodes > self.max_nodes:
             from trainpod.errors import error_for
 
-            raise error_for(origin)(f"{origin}={nodes}: the example {self.name} trains on at most {self.max_nodes} node(s) "
-                                    "(DataParallel stays in one process); across nodes use cifar10-ddp")
+            why = ("(DataParallel stays in one process); across nodes use cifar10-ddp" if self.max_nodes == 1 else
+                   f"(its elastic range is {self.min_nodes}:{self.max_nodes}); more nodes wait as spares: --spares")
+            raise error_for(origin)(f"{origin}={nodes}: the example {self.name} trains on at most {self.max_nodes} node(s) {why}")
 
     def uses_loader_workers(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> bool:
         """Whether a run with these example flags (and TRAINPOD_WORKERS) starts DataLoader workers."""
