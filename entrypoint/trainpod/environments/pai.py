@@ -21,10 +21,9 @@ from trainpod.environments.base import (
     ClusterEnvironment,
     Discovery,
     parse_int,
-    parse_port,
 )
 from trainpod.errors import ConfigError, error_for
-from trainpod.settings import Setting
+from trainpod.settings import Integer, Invalid, Setting
 from trainpod.text import has_control, printable
 
 PLATFORM_PORT_LABELS = ("ssh", "http")
@@ -182,8 +181,12 @@ class PAIEnvironment(ClusterEnvironment):
                 return DEFAULT_MASTER_PORT, "default", (warning,)
             label = candidates[0]
         var = variables[label]
-        first = self.env[var].split(",")[0]
-        return parse_port(first, var), var, ()
+        text = self.env[var]
+        try:  # the first of the ports reserved under the label (a comma list: "29877,22353")
+            return Integer(1, 65535)(text.split(",")[0]), var, ()
+        except Invalid:
+            raise ConfigError(f"{var}={text!r}: expected the ports OpenPAI reserved, comma-separated, the first the "
+                              "master's (29877,22353)") from None
 
 
 def _check_role(role: str, origin: str, value: str) -> None:

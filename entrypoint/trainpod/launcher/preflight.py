@@ -253,7 +253,9 @@ def check_writable(path: str, what: str) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if exc.errno in (errno.EEXIST, errno.ENOTDIR):
-            reason = "it, or a folder on its path, is a file"
+            dangling = os.path.islink(absolute) and not os.path.exists(absolute)
+            reason = (f"it is a link to {os.readlink(absolute)}, which does not exist" if dangling
+                      else "it, or a folder on its path, is a file")
         why = f"the {what.format(path=absolute)} is not writable by uid {os.getuid()}: {reason}"
         if exc.errno in NO_SPACE:
             raise TrainpodError(why, exit_code=EXIT_CANTCREAT) from None

@@ -177,8 +177,14 @@ def _rendezvous(given: settings.Values, found: Discovery, cls, master: _Master,
 
 
 def _first_etcd_member(endpoint: str, origin: str) -> tuple[str, int]:
-    """(host, port) of the first of etcd's endpoints (checked already: parse_endpoints)."""
+    """(host, port) of the first of etcd's endpoints (checked already: parse_endpoints), its host a host name
+    or an address (the route to it picks the interface)."""
     host, _, port = split_scheme(parse_endpoints(endpoint)[0])[1].rpartition(":")
+    try:
+        settings.MASTER_ADDR.parse(host.strip("[]"), origin)
+    except TrainpodError:
+        raise error_for(origin)(f"{origin}={endpoint!r}: the host {host!r}: expected a host name (ASCII letters, digits, "
+                                "'-' and '.') or an IP address") from None
     return host.strip("[]"), int(port)
 
 
@@ -202,7 +208,9 @@ def _etcd_access(given: settings.Values, env: Mapping[str, str], backend: str, e
     for name in ("etcd_cacert", "etcd_cert", "etcd_key", "etcd_password_file"):
         path = getattr(given, name)
         if path and not os.path.isfile(path):
-            raise error_for(origin[name])(f"{origin[name]}={path!r}: expected a file, and there is none")
+            there = ("it is a directory" if os.path.isdir(path) else "it is no regular file" if os.path.exists(path)
+                     else "there is none")
+            raise error_for(origin[name])(f"{origin[name]}={path!r}: expected a file, and {there}")
         if path and not os.access(path, os.R_OK):
             raise error_for(origin[name])(f"{origin[name]}={path!r}: not readable by uid {os.getuid()}")
         if path and "," in path:  # the TLS files travel in torchrun's --rdzv-conf, a comma-separated list
@@ -388,9 +396,10 @@ def resolve_topology(
         raise ConfigError(found.missing.get("node_rank", f"{cls.name}: no node rank found"))
     if node_rank is not None and not 0 <= node_rank < nnodes:
         culprit = origins["node_rank"] if origins["node_rank"].startswith("--") else origins["nnodes"]
+        count = settings.format_range((min_nodes, nnodes))
+        told = origins["nnodes"] if "default" in origins["nnodes"] else f"{origins['nnodes']}={count}"
         raise error_for(culprit)(
-            f"{origins['node_rank']}={node_rank}: expected a node rank from 0 to "
-            f"{nnodes - 1} ({origins['nnodes']}={settings.format_range((min_nodes, nnodes))})"
+            f"{origins['node_rank']}={node_rank}: expected a node rank from 0 to {nnodes - 1}: the job has {count} node(s) ({told})"
         )
     _check_is_host(rendezvous, node_rank, origins)
     if nnodes > 1:

@@ -222,3 +222,11 @@ def test_a_pai_roles_flag_that_cannot_be_is_a_usage_error_that_says_why(roles, s
     env = pai_environment({"worker": 2, "master": 1}, ("worker", 0), {"SyncPort": 1})
     with pytest.raises(UsageError, match=f"^{re.escape(says)}"):
         discover(env, pai_roles=roles)
+
+
+def test_a_port_list_whose_first_port_is_empty_is_named_as_it_reads():
+    env = pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1})
+    env["PAI_PORT_LIST_worker_0_SyncPort"] = ",29877"
+    del env["PAI_worker_0_SyncPort_PORT"]  # (the older runtime's spelling, which is read too)
+    with pytest.raises(ConfigError, match=r"^PAI_PORT_LIST_worker_0_SyncPort=',29877': expected the ports OpenPAI reserved"):
+        discover(env)

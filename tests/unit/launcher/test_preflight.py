@@ -175,3 +175,9 @@ def test_a_wait_retries_every_tenth_of_a_second_at_first_then_once_a_second():
     assert [preflight._pause(s) for s in (0.0, 9.9, 10.0, 250.0)] == [0.1, 0.1, 1.0, 1.0]
     # the master's port: a connect that a closed port refuses at once
     assert [preflight._pause(s, preflight.PORT_RETRY_S) for s in (0.0, 9.9, 10.0)] == [0.02, 0.02, 1.0]
+
+
+def test_an_output_directory_that_is_a_dangling_link_is_said_so(tmp_path):
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    with pytest.raises(ConfigError, match=r"is not writable by uid \d+: it is a link to .*/gone, which does not exist; mount"):
+        preflight.check_writable(str(tmp_path / "out"), "output directory {path}")

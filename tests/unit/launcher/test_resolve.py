@@ -150,3 +150,15 @@ def test_an_is_host_that_contradicts_the_node_rank_is_refused(env, flags, refuse
     with pytest.raises((UsageError, ConfigError)) as error:
         resolve(env, **flags)
     assert str(error.value).startswith(refused) and error.value.exit_code == (64 if flags else 78)
+
+
+def test_what_is_wrong_with_a_value_is_said_as_it_is(tmp_path):
+    etcd = {"nnodes": "1:2", "rdzv_backend": "etcd-v3"}
+    with pytest.raises(UsageError, match=r"^--rdzv-endpoint='étcd:2379': the host 'étcd': expected a host name \(ASCII"):
+        resolve({}, **etcd, rdzv_endpoint="étcd:2379")
+    with pytest.raises(UsageError, match=r"^--etcd-password-file='.*': expected a file, and it is a directory$"):
+        resolve({}, **etcd, rdzv_endpoint="etcd:2379", etcd_user="u", etcd_password_file=str(tmp_path))
+    with pytest.raises(UsageError, match=r"^--etcd-cacert='/dev/null': expected a file, and it is no regular file$"):
+        resolve({}, **etcd, rdzv_endpoint="https://etcd:2379", etcd_cacert="/dev/null")
+    with pytest.raises(UsageError, match=r"^--node-rank=5: expected a node rank from 0 to 0: the job has 1 node\(s\) \(single"):
+        resolve({}, node_rank="5")
