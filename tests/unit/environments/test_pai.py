@@ -228,5 +228,4 @@ def test_a_port_list_whose_first_port_is_empty_is_named_as_it_reads():
     env = pai_environment({"worker": 2}, ("worker", 1), {"SyncPort": 1})
     env["PAI_PORT_LIST_worker_0_SyncPort"] = ",29877"
     del env["PAI_worker_0_SyncPort_PORT"]  # (the older runtime's spelling, which is read too)
-    with pytest.raises(ConfigError, match=r"^PAI_PORT_LIST_worker_0_SyncPort=',29877': expected the ports OpenPAI reserved"):
-        discover(env)
+    assert str(resolve_error(env)).startswith("PAI_PORT_LIST_worker_0_SyncPort=',29877': expected the ports OpenPAI reserved")
