@@ -47,9 +47,22 @@ def ignored_sources(env: Mapping[str, str], chosen: type[ClusterEnvironment]) ->
     return ignored
 
 
+def unused_settings(chosen: type[ClusterEnvironment], flags: Mapping[str, object], env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(flags, variables) of other sources' own settings that are given here, where `chosen` reads: a flag is
+    a mistake in the command (--pai-roles outside OpenPAI), a variable may be an image's default."""
+    given_flags, given_vars = [], []
+    for cls in REGISTRY.values():
+        for setting in cls.settings if cls is not chosen else ():
+            if flags.get(setting.name) is not None:
+                given_flags.append(f"{setting.flag} (the {cls.name} source's)")
+            elif setting.var and env.get(setting.var, "").strip():
+                given_vars.append(setting.var)
+    return given_flags, given_vars
+
+
 def settings() -> list:
     """Every source's own settings, in registry order."""
     return [setting for cls in REGISTRY.values() for setting in cls.settings]
 
 
-__all__ = ["REGISTRY", "SOURCE", "ClusterEnvironment", "Discovery", "ignored_sources", "select", "settings"]
+__all__ = ["REGISTRY", "SOURCE", "ClusterEnvironment", "Discovery", "ignored_sources", "select", "settings", "unused_settings"]

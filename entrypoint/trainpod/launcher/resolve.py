@@ -350,6 +350,12 @@ def resolve_topology(
         cls = EtcdEnvironment  # --rdzv-backend etcd*: no cluster source detects from a flag, and no other applies
     found = cls(env, options).discover()
     warnings = list(found.warnings)
+    other_flags, other_vars = environments.unused_settings(cls, options, env)
+    if other_flags:
+        raise UsageError(f"{other_flags[0]}: only for that source, and this job's is {cls.name}: leave it out, or "
+                         "choose the source (--source)")
+    if other_vars:
+        warnings.append(f"{', '.join(other_vars)} ignored: the {cls.name} source does not read them")
     ignored = environments.ignored_sources(env, cls)
     if ignored:
         chosen = f"--source {cls.name}" if given.source else f"{cls.name} (the first source that detects)"

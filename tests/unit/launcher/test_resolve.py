@@ -162,3 +162,11 @@ def test_what_is_wrong_with_a_value_is_said_as_it_is(tmp_path):
         resolve({}, **etcd, rdzv_endpoint="https://etcd:2379", etcd_cacert="/dev/null")
     with pytest.raises(UsageError, match=r"^--node-rank=5: expected a node rank from 0 to 0: the job has 1 node\(s\) \(single"):
         resolve({}, node_rank="5")
+
+
+def test_another_sources_own_flag_is_a_usage_error_and_its_variable_a_warning():
+    # (--pai-roles outside OpenPAI did nothing, without a word; --etcd-* beside c10d were refused already.)
+    with pytest.raises(UsageError, match=r"^--pai-roles \(the pai source's\): only for that source, and this job's is single"):
+        resolve({}, pai_roles="a,b")
+    topology = resolve({"TRAINPOD_PAI_PORT_LABEL": "SyncPort"})
+    assert "TRAINPOD_PAI_PORT_LABEL ignored: the single source does not read them" in topology.warnings
