@@ -352,7 +352,7 @@ def cmd_run(args: argparse.Namespace, command: list[str]) -> int:
         except TrainpodError as error:
             error.node = topology.node_label
             raise
-    say = log.writer(topology.node_rank)
+    say = log.writer(topology.node_label)
     for warning in topology.warnings:  # once per run, not once per restart of the job
         say(f"warning: {warning}")
     spec = RunSpec.from_values(topology, target, values)

@@ -48,7 +48,7 @@ def gloo_fallback_note(topology: Topology, cuda: str | None) -> str | None:
 def run(spec: RunSpec, env: Mapping[str, str] = os.environ) -> NoReturn:
     """Preflight, then this process becomes the agent (torchrun) and exits with its code. (The
     topology's warnings were printed once, by the outer run.)"""
-    say = log.writer(spec.topology.node_rank)
+    say = log.writer(spec.topology.node_label)  # "@host" where the rendezvous will number the node
     try:
         topology, checks = _check_while_importing(spec, env, say)
     except TrainpodError as error:
@@ -205,7 +205,7 @@ def main() -> int:
     try:
         run(spec)
     except TrainpodError as error:
-        print(f"{log.prefix(spec.topology.node_rank)}: error: {error}", file=sys.stderr, flush=True)
+        print(f"{log.prefix(spec.topology.node_label)}: error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
 
 
