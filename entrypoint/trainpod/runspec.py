@@ -50,6 +50,7 @@ class Target:
         example = EXAMPLES[name]
         args = example.args + tuple(extra_args)
         env = os.environ if env is None else env
+        example.check_args(args, env)
         shm = example.shm_mib if example.uses_loader_workers(args, env) else 0
         output_dir, checkpoint_dir = example.directories(args, env)
         return Target(module=example.module, args=args, needs=example.needs, shm_mib=shm, output_dir=output_dir,

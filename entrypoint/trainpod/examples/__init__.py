@@ -2,8 +2,10 @@
 
 Each entry says what a job of it needs, so that `trainpod run` launches it right and job files
 (OpenPAI, Kubeflow, SLURM) are generated from here. This registry imports nothing heavy, so the
-CLI can list and launch examples without torch. A new example is one module (a Recipe for
-trainpod.examples.harness) plus its line here.
+CLI can list and launch examples without torch, and check an example's flags and variables before
+anything starts (check_args: the options its ranks will parse, from trainpod.examples.options). A new
+example is one module (a Recipe for trainpod.examples.harness) plus its line here (and its own
+options, if any, in options.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from trainpod import settings
 from trainpod.contract import CHECKPOINT_DIR_VAR, OUTPUT_DIR_VAR, WORKERS_VAR
+from trainpod.errors import TrainpodError
+from trainpod.examples.options import CIFAR, CIFAR_AMP, COMMON, IMAGENET
+from trainpod.settings import Setting
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,19 @@ class Example:
     shm_mib: int = 512  # /dev/shm it needs with DataLoader workers: they pass batches through it
     loader_workers: bool = False  # whether it starts DataLoader workers unless told --workers 0
     needs: tuple[str, ...] = ("numpy",)  # what it imports besides torch (import names): preflight checks them
+    options: tuple[Setting, ...] = ()  # its own flags besides COMMON (trainpod.examples.options); its Recipe's
+
+    def check_args(self, args: Sequence[str], env: Mapping[str, str]) -> None:
+        """Its flags and TRAINPOD_* variables, parsed as its ranks will parse them: one line (a flag's 64, a
+        variable's 78) before anything starts, not a rank's once the nodes met. Its --help is its own to print."""
+        if "-h" in args or "--help" in args:
+            return
+        try:
+            settings.parse_args(self.name, self.description, (*COMMON, *self.options), list(args), env)
+        except TrainpodError as error:
+            text = str(error)
+            error.message = text if text.startswith(f"{self.name}: ") else f"{self.name}: {text}"
+            raise
 
     def check_nodes(self, nodes: int, origin: str) -> None:
         """One line by `origin` (a flag: 64, a variable: 78) when the job asks for more nodes than this example trains on."""
@@ -75,6 +94,7 @@ EXAMPLES: dict[str, Example] = {
             "cifar10-ddp",
             "trainpod.examples.cifar10",
             "CIFAR-10 DistributedDataParallel, gloo or nccl; real CIFAR batches from --data-dir, else synthetic",
+            options=CIFAR,
         ),
         Example(
             "cifar10-dp",
@@ -83,12 +103,14 @@ EXAMPLES: dict[str, Example] = {
             nproc_per_node=1,
             nodes=1,
             max_nodes=1,
+            options=CIFAR,
         ),
         Example(
             "cifar10-ddp-amp",
             "trainpod.examples.cifar10_amp",
             "CIFAR-10 DDP in mixed precision (bfloat16 on CPU, float16 on CUDA), Apex's fused kernels where they run",
             flavor="cuda-apex",
+            options=CIFAR_AMP,
         ),
         Example(
             "imagenet-ddp",
@@ -98,6 +120,7 @@ EXAMPLES: dict[str, Example] = {
             shm_mib=8192,
             loader_workers=True,
             needs=("numpy", "PIL"),
+            options=IMAGENET,
         ),
         Example(
             "imagenet-elastic",
@@ -110,6 +133,7 @@ EXAMPLES: dict[str, Example] = {
             shm_mib=8192,
             loader_workers=True,
             needs=("numpy", "PIL"),
+            options=IMAGENET,
         ),
     )
 }

@@ -20,18 +20,12 @@ from torch import nn
 from trainpod.errors import ConfigError
 from trainpod.examples import harness
 from trainpod.examples.cifar_data import CifarFormatError, find_batches_dir, load_cifar10, synthetic_cifar10
-from trainpod.examples.harness import DATA_DIR_VAR, SYNTHETIC_SAMPLES_VAR
-from trainpod.settings import Integer, Setting
+from trainpod.examples.options import CIFAR
 
 SYNTHETIC_TEST_SAMPLES = 1024
 CLASSES = 10
 
-DATA_OPTIONS = (
-    Setting("data_dir", "directory with cifar-10-batches-py/ or the batch files; else synthetic data",
-            var=DATA_DIR_VAR, metavar="DIR"),
-    Setting("synthetic_samples", "synthetic training samples", Integer(1, 1 << 24), var=SYNTHETIC_SAMPLES_VAR,
-            default=4096),
-)
+DATA_OPTIONS = CIFAR
 
 
 def load_data(args, say) -> harness.Data:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from trainpod.examples import cifar10, harness, precision
-from trainpod.settings import Choice, Setting
+from trainpod.examples import cifar10, harness
+from trainpod.examples.options import CIFAR_AMP
 
 RECIPE = harness.Recipe(
     name="cifar10-ddp-amp",
@@ -22,9 +22,7 @@ RECIPE = harness.Recipe(
     data=cifar10.load_data,
     # A LayerNorm before the classifier: the norm Apex fuses (the convolutions' GroupNorm it does not).
     model=lambda args, data, path: cifar10.make_model(head_norm=path.layer_norm(64)),
-    options=(*cifar10.DATA_OPTIONS,
-             Setting("apex", "use Apex's fused optimizer and LayerNorm: auto (where Apex imports and CUDA runs), on, off",
-                     Choice(precision.APEX_CHOICES), var="TRAINPOD_APEX", default="auto")),
+    options=CIFAR_AMP,
     defaults={"amp": True},
 )
 

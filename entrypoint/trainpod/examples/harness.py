@@ -7,9 +7,10 @@
 
 and the harness does the rest, the same way for each:
 
-- options: COMMON below plus the example's own, each a flag with a TRAINPOD_* twin
+- options: trainpod.examples.options' COMMON plus the example's own, each a flag with a TRAINPOD_* twin
   (trainpod.settings); `--help` lists them. A bad value is one line and exit 64 (flag) or 78
-  (variable), never restarted.
+  (variable), never restarted; under `trainpod run` the launcher says it first, before anything
+  starts (they are declared without torch in trainpod.examples.options).
 - the process group: env:// under torchrun (a world of one without it), gloo on the CPU, NCCL
   with one GPU per process (LOCAL_RANK) by default where CUDA is. `parallel="dp"` is one process
   with torch.nn.DataParallel over every visible GPU (the plain model on the CPU).
@@ -61,20 +62,16 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainpod import failpoints, settings
-from trainpod.contract import CHECKPOINT_DIR_VAR, OUTPUT_DIR_VAR, WORKERS_VAR
 from trainpod.errors import EXIT_CANTCREAT, ConfigError, TrainpodError, invalid
 from trainpod.examples import precision, reporting, tensorboard
 from trainpod.examples.elastic import BATCH_LR_RULE, ElasticFeed
-from trainpod.settings import BACKEND, Boolean, Choice, Integer, Number, Setting, Values
+from trainpod.examples.options import COMMON
+from trainpod.settings import Setting, Values
 from trainpod.train import distributed, inprocess, progress
 from trainpod.train.checkpoint import Checkpointer, CheckpointError
 from trainpod.train.preemption import EXIT_CODE, Preemption, ignore_sigterm, term_grace
 from trainpod.train.rng import rng_state, set_rng_state
 from trainpod.train.samplers import EpochIndices, ResumableDistributedSampler
-
-# Options the data-loading examples share (each declares its own help and default).
-DATA_DIR_VAR = "TRAINPOD_DATA_DIR"
-SYNTHETIC_SAMPLES_VAR = "TRAINPOD_SYNTHETIC_SAMPLES"
 
 WARMUP_STEPS = 5  # left out of samples/s: the first steps allocate memory and warm caches
 # SGD with momentum 0.9 peaking at lr 0.1 is brisk for small nets: without a cap on the gradient
@@ -85,32 +82,6 @@ MAX_GRAD_NORM = 1.0
 WARMUP_FRACTION = 0.05
 EVAL_BATCH = 256
 
-# The options every example has. An example changes their defaults with Recipe.defaults.
-COMMON = (
-    Setting("output_dir", "where rank 0 writes metrics.json", var=OUTPUT_DIR_VAR, default="./output", metavar="DIR"),
-    Setting("epochs", "epochs", Integer(1, 100_000), var="TRAINPOD_EPOCHS", default=2),
-    Setting("batch_size", "batch size per process", Integer(1, 1 << 20), var="TRAINPOD_BATCH_SIZE", default=64),
-    Setting("lr", "peak learning rate (linear warm-up, then cosine decay)", Number(above=0, unit=""), var="TRAINPOD_LR",
-            default=0.1),
-    Setting("optimizer", "sgd (momentum 0.9) or adam", Choice(precision.OPTIMIZERS), var="TRAINPOD_OPTIMIZER", default="sgd"),
-    Setting("seed", "seed for weights, data order, augmentation and synthetic data", Integer(0, 2**32 - 1),
-            var="TRAINPOD_SEED", default=0),
-    Setting("backend", "gloo (CPU) or nccl (GPU LOCAL_RANK); default nccl where CUDA is", BACKEND.kind, var=BACKEND.var),
-    Setting("workers", "DataLoader worker processes per process (default: the example's)", Integer(0, 256),
-            var=WORKERS_VAR),
-    Setting("max_steps", "stop after this many steps", Integer(1), var="TRAINPOD_MAX_STEPS"),
-    Setting("log_every", "steps between loss log points", Integer(1), var="TRAINPOD_LOG_EVERY", default=10),
-    Setting("tensorboard", "rank 0 writes TensorBoard scalars here: loss, samples/s, LR, world size, test accuracy",
-            var="TRAINPOD_TENSORBOARD", metavar="DIR"),
-    Setting("checkpoint_dir", "save checkpoints here and resume from the newest; shared by all nodes (rank 0 writes)",
-            var=CHECKPOINT_DIR_VAR, metavar="DIR"),
-    Setting("checkpoint_every", "steps between checkpoints", Integer(1), var="TRAINPOD_CHECKPOINT_EVERY", default=10),
-    Setting("keep", "checkpoints kept", Integer(1, 10_000), var="TRAINPOD_CHECKPOINT_KEEP", default=3),
-    Setting("amp", "mixed precision: autocast to bfloat16 on CPU, float16 with a grad scaler on CUDA", Boolean(),
-            var="TRAINPOD_AMP", default=False),
-    Setting("amp_dtype", "what --amp computes in: auto (bfloat16 on CPU, float16 on CUDA), bfloat16, float16",
-            Choice(tuple(precision.DTYPES)), var="TRAINPOD_AMP_DTYPE", default="auto"),
-)
 
 
 @dataclass(frozen=True)
@@ -136,7 +107,8 @@ class Recipe:
     elastic: bool = False  # the world may change size between restarts: trainpod.examples.elastic
 
     def settings(self) -> tuple[Setting, ...]:
-        common = tuple(dataclasses.replace(s, default=self.defaults[s.name]) if s.name in self.defaults else s for s in COMMON)
+        common = tuple(dataclasses.replace(s, default=self.defaults[s.name]) if s.name in self.defaults else s
+                       for s in COMMON)
         return common + self.options
 
 

@@ -21,25 +21,13 @@ from __future__ import annotations
 import sys
 
 from trainpod.examples import harness
-from trainpod.examples.harness import DATA_DIR_VAR, SYNTHETIC_SAMPLES_VAR
 from trainpod.examples.imagenet_data import ImageFolder, SyntheticImageNet
-from trainpod.examples.resnet import ARCHS, WIDTH
-from trainpod.settings import Choice, Integer, Setting
+from trainpod.examples.options import IMAGENET
+from trainpod.examples.resnet import ARCHS
 
 SYNTHETIC_TEST_FRACTION = 4  # a held-out synthetic set a quarter of the training set's size
 
-OPTIONS = (
-    Setting("arch", "the ResNet, by torchvision's name", Choice(tuple(ARCHS)), var="TRAINPOD_ARCH", default="resnet50"),
-    Setting("width", "channels of the ResNet's first stage, doubled at each later one (torchvision's: 64; smaller for quick "
-            "runs and tests: 8 has about 1/60 of the parameters)", Integer(1, 1024), var="TRAINPOD_RESNET_WIDTH", default=WIDTH),
-    Setting("data_dir", "ImageFolder tree of JPEGs: train/ and val/ with one directory per class (or one split); "
-            "else synthetic data", var=DATA_DIR_VAR, metavar="DIR"),
-    Setting("image_size", "side of the training crops in pixels (224 for ImageNet; small for quick runs)", Integer(16, 1024),
-            var="TRAINPOD_IMAGE_SIZE", default=224),
-    Setting("synthetic_samples", "synthetic training samples (held in memory: N x 3 x S x S bytes)", Integer(1, 1 << 22),
-            var=SYNTHETIC_SAMPLES_VAR, default=1024),
-    Setting("synthetic_classes", "classes of the synthetic set", Integer(2, 1000), var="TRAINPOD_SYNTHETIC_CLASSES", default=100),
-)
+OPTIONS = IMAGENET
 
 
 def load_data(args, say) -> harness.Data:

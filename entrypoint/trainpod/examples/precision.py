@@ -26,10 +26,9 @@ import torch
 from torch import nn
 
 from trainpod.errors import error_for
+from trainpod.examples.options import AMP_DTYPES
 
-APEX_CHOICES = ("auto", "on", "off")
-DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
-OPTIMIZERS = ("sgd", "adam")
+DTYPES = dict(zip(AMP_DTYPES, (None, torch.bfloat16, torch.float16), strict=True))  # what --amp computes in
 MOMENTUM = 0.9
 
 
