@@ -140,13 +140,13 @@ def run_sections() -> Iterator[tuple[str, str, tuple[settings.Setting, ...]]]:
 
 def example_sections() -> Iterator[tuple[str, str, tuple[settings.Setting, ...]]]:
     """The bundled examples' options: the harness's common ones, then each example's own and its defaults."""
-    from trainpod.examples import harness  # imports torch
+    from trainpod.examples.options import COMMON
 
-    yield ("Every example", "The harness's options (`trainpod.examples.harness.COMMON`), with its defaults.",
-           tuple(harness.COMMON))
-    common = {s.name: s for s in harness.COMMON}
+    yield ("Every example", "The options every example has (`trainpod.examples.options.COMMON`), with their defaults; "
+           "`trainpod run` checks them before anything starts.", tuple(COMMON))
+    common = {s.name: s for s in COMMON}
     for name, example in EXAMPLES.items():
-        recipe = importlib.import_module(example.module).RECIPE
+        recipe = importlib.import_module(example.module).RECIPE  # its default changes: imports torch
         changed = tuple(s for s in recipe.settings() if s.name in common and s.default != common[s.name].default)
         own = tuple(recipe.options)
         about = text(example.description) + "."
