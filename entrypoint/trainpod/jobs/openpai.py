@@ -30,6 +30,7 @@ from trainpod.errors import UsageError, error_for
 from trainpod.jobs.base import JobRequest, Scheduler, comment, to_yaml
 from trainpod.jobs.values import Pattern
 from trainpod.settings import Setting
+from trainpod.text import printable
 
 # A task role name or port label: OpenPAI's `^[a-zA-Z_][a-zA-Z0-9_]*$` (a C identifier: it becomes part of
 # variable names, PAI_HOST_IP_<role>_0); a virtual cluster: a queue's name, no blanks, no leading '-'.
@@ -71,6 +72,9 @@ def protocol(request: JobRequest, role: str, port_label: str, virtual_cluster: s
     }
 
 
+TEMPLATE_TAG = "<%"  # OpenPAI's mustache tags in a command (rest-server's protocolRender): <% ... %>
+
+
 class OpenPAIJob(Scheduler):
     name = "openpai"
     description = "an OpenPAI job protocol v2 (YAML): one task role, one instance per node, gang allocation"
@@ -84,6 +88,12 @@ class OpenPAIJob(Scheduler):
     )
 
     def check(self) -> None:
+        if TEMPLATE_TAG in self.request.run_command():
+            # OpenPAI's server renders each command as a mustache template with <% %> tags (its parameters and
+            # secrets): no quoting keeps it out, and the value would be replaced, or the job refused.
+            raise UsageError(f"trainpod job openpai: {TEMPLATE_TAG!r} in the command ({printable(self.request.run_command())}): "
+                             "OpenPAI renders each command as a template (<% $parameters.x %>), which would change it; "
+                             "pass that value in a variable or a file instead")
         if self.request.elastic and not self.request.rdzv_endpoint:
             raise UsageError(f"trainpod job openpai {self.request.example.name}: an elastic job's nodes meet in etcd, and "
                              "OpenPAI runs none: give --rdzv-endpoint HOST:PORT[,HOST:PORT...] (an etcd cluster the nodes reach)")
