@@ -28,6 +28,13 @@ def visible_gpu_count(env: Mapping[str, str], dev_glob: str = "/dev/nvidia[0-9]*
     return len([p for p in glob.glob(dev_glob) if re.fullmatch(r".*/nvidia\d+", p)])
 
 
+def visible_gpus_origin(env: Mapping[str, str], dev_glob: str = "/dev/nvidia[0-9]*") -> str:
+    """Where visible_gpu_count's answer comes from, for a message: 'CUDA_VISIBLE_DEVICES=0,1' or the device nodes."""
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}"
+    return f"the device nodes {dev_glob}"
+
+
 # The oldest NVIDIA driver each CUDA major version runs on (NVIDIA's CUDA toolkit release notes,
 # "minor version compatibility": any driver of that branch or newer).
 MIN_DRIVER_FOR_CUDA = {12: (525, 60, 13), 13: (580,)}

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from trainpod.errors import EXIT_CANTCREAT, NO_SPACE, ConfigError, TrainpodError, UnreachableError
+from trainpod.errors import EXIT_CANTCREAT, NO_SPACE, ConfigError, TrainpodError, UnreachableError, error_for
 from trainpod.launcher import network
 from trainpod.topology import Topology
 
@@ -47,6 +47,29 @@ def check_torch() -> None:
             "torch is not installed in this Python: use a trainpod image, or pip install torch "
             "(CPU: --index-url https://download.pytorch.org/whl/cpu) next to trainpod"
         )
+
+
+def check_cuda_build(topology: Topology, env: Mapping[str, str], *, cuda: str | None = None) -> None:
+    """NCCL on a CPU build of torch fails in every rank, and their error names TRAINPOD_BACKEND, which the
+    launcher set, not the user: where the visible GPUs made nccl the default (a GPU node's
+    CUDA_VISIBLE_DEVICES, a CPU image), or nccl was asked for, say so first, in one line naming where it
+    came from (78, or 64 for the flag). `cuda`: torch's CUDA version ('' for a CPU build), for tests."""
+    from trainpod.launcher import devices
+
+    if topology.backend != "nccl":
+        return
+    if (devices.torch_cuda_version() if cuda is None else cuda):
+        return
+    origin = topology.origins.get("backend", "--backend")
+    if origin.startswith("default"):
+        gpus = devices.visible_gpu_count(env)
+        raise ConfigError(
+            f"{devices.visible_gpus_origin(env)} makes {gpus} GPU(s) visible, so the backend defaults to nccl, but torch "
+            f"here ({sys.executable}) is a CPU build: run a CUDA image (trainpod:cuda), or set CUDA_VISIBLE_DEVICES= "
+            "(empty) to train on the CPU with gloo"
+        )
+    raise error_for(origin)(f"{origin}=nccl: torch here ({sys.executable}) is a CPU build, without NCCL: run a CUDA "
+                            "image (trainpod:cuda), or use gloo on the CPU")
 
 
 def check_cuda_driver(topology: Topology, env: Mapping[str, str], *, cuda: str | None = None, driver=None) -> None:
@@ -280,6 +303,7 @@ def run_preflight(topology: Topology, env: Mapping[str, str], *, connect_timeout
                   target: Target | None = None) -> Topology:
     """Run the checks; returns the topology with the interface settled once the master resolved."""
     check_torch()
+    check_cuda_build(topology, env)
     check_cuda_driver(topology, env)
     if target is not None and target.needs:
         check_imports(target.needs, f"the example {target.module}" if target.module else "the job")

@@ -342,6 +342,17 @@ def test_a_checkpoint_directory_that_is_a_file_or_of_another_model_is_78(tmp_pat
     assert "the checkpoint of step 5" in line and "does not fit this cifar10-ddp job" in line and not restarted(result)
 
 
+def test_gpus_visible_to_a_cpu_torch_are_78_naming_them_before_any_rank_starts():
+    # A GPU node's CUDA_VISIBLE_DEVICES with a CPU build of torch (this host's): nccl by default, which no rank
+    # can run; said by the node's preflight, not by each rank as a TRAINPOD_BACKEND the user never set.
+    result = run_job("--example", "cifar10-ddp", env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert result.returncode == 78, result.stderr
+    assert error_lines(result) == [f"[node0] trainpod: error: CUDA_VISIBLE_DEVICES='0' makes 1 GPU(s) visible, so the backend "
+                                   f"defaults to nccl, but torch here ({sys.executable}) is a CPU build: run a CUDA image "
+                                   "(trainpod:cuda), or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU with gloo"]
+    assert "rank" not in result.stderr and "Traceback" not in result.stderr and not restarted(result)
+
+
 def test_an_output_directory_that_cannot_be_written_is_78_before_any_rank_starts(tmp_path):
     (tmp_path / "file").write_text("x")
     result = run_job("--example", "cifar10-ddp", "--", "--output-dir", str(tmp_path / "file" / "out"))

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from trainpod.errors import ConfigError, UnreachableError
+from trainpod.errors import ConfigError, UnreachableError, UsageError
 from trainpod.launcher import preflight
 from trainpod.launcher.launch import Target
 from trainpod.topology import Topology
@@ -101,6 +101,22 @@ def test_a_cuda_13_torch_needs_driver_580_when_gpus_are_asked_for():
     # GPUs given to a gloo job count as asked for too; a CUDA 12 torch needs 525.60.13
     with pytest.raises(ConfigError, match=">= 525.60.13"):
         preflight.check_cuda_driver(topology(), {"CUDA_VISIBLE_DEVICES": "0"}, cuda="12.8", driver=((520, 1), "nvidia-smi"))
+
+
+def test_nccl_on_a_cpu_torch_is_one_line_naming_where_nccl_came_from():
+    # The visible GPUs made nccl the default: the line names them and both fixes, not the ranks' TRAINPOD_BACKEND
+    default = topology(backend="nccl", origins={"backend": "default (GPUs visible)"})
+    with pytest.raises(ConfigError, match=r"^CUDA_VISIBLE_DEVICES='0,1' makes 2 GPU\(s\) visible, so the backend defaults to "
+                                          r"nccl, but torch here \(.*\) is a CPU build: run a CUDA image \(trainpod:cuda\), or "
+                                          r"set CUDA_VISIBLE_DEVICES= \(empty\) to train on the CPU with gloo$"):
+        preflight.check_cuda_build(default, {"CUDA_VISIBLE_DEVICES": "0,1"}, cuda="")
+    # asked for: the flag is a usage error (64), a variable a configuration error (78)
+    with pytest.raises(UsageError, match=r"^--backend=nccl: torch here \(.*\) is a CPU build, without NCCL: run a CUDA"):
+        preflight.check_cuda_build(topology(backend="nccl", origins={"backend": "--backend"}), {}, cuda="")
+    with pytest.raises(ConfigError, match=r"^TRAINPOD_BACKEND=nccl: torch here"):
+        preflight.check_cuda_build(topology(backend="nccl", origins={"backend": "TRAINPOD_BACKEND"}), {}, cuda="")
+    preflight.check_cuda_build(default, {"CUDA_VISIBLE_DEVICES": "0"}, cuda="13.0")  # a CUDA build: the driver check's
+    preflight.check_cuda_build(topology(), {"CUDA_VISIBLE_DEVICES": "0"}, cuda="")  # gloo on a CPU build
 
 
 def test_no_driver_check_without_gpus_or_for_a_cpu_torch():
