@@ -145,6 +145,9 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
         raise UsageError(f"trainpod job {scheduler}: {example_name!r}: expected one of {', '.join(EXAMPLES)}")
     example = EXAMPLES[example_name]
     _check_given(cls.settings, flags, env, args)
+    # The example's flags, parsed as its ranks will parse them: a typo is one line now, not a job that fails on the
+    # cluster after it waited in the queue. This machine's TRAINPOD_* variables do not go into the job file.
+    example.check_args(args, {})
     values = settings.resolve(SETTINGS, flags, env)
     nodes = values.nodes if values.nodes is not None else example.nodes
     example.check_nodes(nodes, values.origins["nodes"])

@@ -87,6 +87,18 @@ def test_usage_errors_exit_64_in_one_line(args):
     one_line_error(here(*args), 64)
 
 
+@pytest.mark.parametrize("scheduler", sorted(jobs.REGISTRY))
+def test_the_examples_own_flags_are_checked_before_a_job_file_is_written(scheduler):
+    # As its ranks will parse them: a typo is one line here, not a job that fails after it waited in the queue.
+    # This machine's TRAINPOD_* variables are not the job's, so they are not read.
+    hosts = ["--hosts", "a,b"] if scheduler == "ssh" else []
+    assert one_line_error(here("job", scheduler, "cifar10-ddp", *hosts, "--", "--epocs", "3"), 64) == \
+        "trainpod: error: cifar10-ddp: unrecognized arguments: --epocs 3"
+    assert one_line_error(here("job", scheduler, "cifar10-ddp", *hosts, "--", "--max-steps", "-5"), 64) == \
+        "trainpod: error: cifar10-ddp: --max-steps='-5': expected an integer >= 1"
+    assert here("job", scheduler, "cifar10-ddp", *hosts, "--", "--epochs", "3", env={"TRAINPOD_EPOCHS": "x"}).returncode == 0
+
+
 @pytest.mark.parametrize("env,named", [
     ({"TRAINPOD_JOB_NODES": "0"}, "TRAINPOD_JOB_NODES='0'"),
     ({"TRAINPOD_JOB_GPUS": "many"}, "TRAINPOD_JOB_GPUS='many'"),

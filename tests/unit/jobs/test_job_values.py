@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 from fixtures import platform_yaml
 from fixtures.cli import in_process
 from trainpod import jobs
+from trainpod import settings as settings_module
 from trainpod.errors import UsageError
+from trainpod.examples.options import COMMON
 from trainpod.jobs.base import comment
 from trainpod.jobs.values import ImageReference, Invalid, shell_line
 
@@ -40,7 +42,25 @@ ARG = st.one_of(st.text(TEXT, max_size=12), st.text(st.sampled_from(SHELL_HOSTIL
                 st.sampled_from(["", "--", "-", "$(touch /tmp/p)", "`id`", "a'b", "x\\", "#", "~", "null", "yes", "1e3", "- x",
                                  "key: value", "[1]", "{a: 1}", "&anchor", "*alias", "!!python/object", "'", '"', "%", "@",
                                  "y", "N", "on", "0o17", "1e-3", "-1E5", ".inf", "0x1F", "1:20", "--lr", "<% $secrets.x %>"]))
-ARGS = st.lists(ARG, max_size=6)
+
+
+def example_values(words):
+    """The words as an example's flags after --: each the value of --output-dir (a string option every example has),
+    as its own argv word where the example's parser takes it so, else after '--output-dir=' (a word like '-1e-3' reads
+    as a flag). `trainpod job` parses the example's flags as its ranks will; no parser takes an empty value."""
+    args = []
+    for word in words:
+        for form in (["--output-dir", word], [f"--output-dir={word}"]):
+            try:
+                settings_module.parse_args("cifar10-ddp", "", COMMON, form, {})
+            except UsageError:
+                continue
+            args += form
+            break
+    return args
+
+
+ARGS = st.lists(ARG, max_size=6).map(example_values)
 
 # --- valid values of each kind ---------------------------------------------------------------------
 
@@ -326,6 +346,8 @@ def test_the_recorder_sees_a_smuggled_command(shell):
 # Each read as a boolean or a number by some platform's YAML reader, were it written without quotes.
 NOT_STRINGS = ["y", "n", "Y", "N", "yes", "off", "true", "null", "~", "0o17", "-0o17", "0x1F", "1e3", "1e-3", "1E5", "-1e-3",
                "+1e3", "1.5e3", "012", "0.1", ".5", "1:30", ".inf", ".NaN", "0", "-0", "+1", "2001-12-14", "=", "<<"]
+# ...as the example's flags (its parser takes all but '-0o17' and '-1e-3' as words of their own)
+NOT_STRING_ARGS = example_values(NOT_STRINGS)
 KUBERNETES_JOBS = {"pytorchjob": ("kubeflow", ["--name", "n", "--namespace", "y"]),
                    "trainjob": ("kubeflow", ["--api", "trainer-v2", "--name", "n", "--namespace", "y"]),
                    "openpai": ("openpai", ["--name", "n", "--virtual-cluster", "N"])}
@@ -341,7 +363,7 @@ def test_a_value_any_platform_reads_as_a_boolean_or_a_number_stays_a_string(job)
         if scheduler == "openpai":  # (the example's flags are words of the shell command, one string)
             assert (document["name"], document["defaults"]["virtualCluster"]) == ("n", "N")
         elif document["kind"] != "TrainingRuntime":
-            assert {"n", "y", *NOT_STRINGS} <= strings
+            assert {"n", "y", *NOT_STRING_ARGS} <= strings
 
 
 @pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed: the YAML check above still runs")
@@ -364,11 +386,11 @@ def test_kubectl_reads_every_value_as_the_string_it_was(job, tmp_path):
         assert (document["metadata"]["name"], document["metadata"]["namespace"]) == ("n", "y")
         containers = [c for c in walk(document) if isinstance(c, dict) and "args" in c or isinstance(c, dict) and "command" in c]
         (argv,) = {tuple(c.get("command", []) + c.get("args", [])) for c in containers}
-        assert list(argv[argv.index("--") + 1:]) == NOT_STRINGS
+        assert list(argv[argv.index("--") + 1:]) == NOT_STRING_ARGS
 
 
 def render(scheduler, flags):
-    result = in_process(["job", scheduler, "cifar10-ddp", *flags, "--", *NOT_STRINGS], {"PATH": os.environ["PATH"]})
+    result = in_process(["job", scheduler, "cifar10-ddp", *flags, "--", *NOT_STRING_ARGS], {"PATH": os.environ["PATH"]})
     assert result.returncode == 0, result.stderr
     return result.stdout
 
