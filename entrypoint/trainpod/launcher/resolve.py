@@ -36,7 +36,8 @@ class Options(dict):
         super().__init__({name: value for name, value in flags.items() if value is not None})
 
 
-def _nproc_per_node(given: settings.Values, found: Discovery, gpus: int, fixed: tuple[int, str] | None) -> tuple[int, str]:
+def _nproc_per_node(given: settings.Values, found: Discovery, gpus: int, fixed: tuple[int, str] | None,
+                    env: Mapping[str, str]) -> tuple[int, str]:
     nproc, origin = given.nproc_per_node, given.origins["nproc_per_node"]
     if fixed is not None:
         if origin.startswith("--") and nproc != fixed[0]:
@@ -47,14 +48,14 @@ def _nproc_per_node(given: settings.Values, found: Discovery, gpus: int, fixed: 
     if isinstance(nproc, int):
         return nproc, origin
     if gpus:
-        return gpus, "visible GPUs"
+        return gpus, f"visible GPUs ({devices.visible_gpus_origin(env)})"
     return 1, "default (no GPU visible)"
 
 
-def _backend(given: settings.Values, gpus: int) -> tuple[str, str]:
+def _backend(given: settings.Values, gpus: int, env: Mapping[str, str]) -> tuple[str, str]:
     value, origin = given.backend, given.origins["backend"]
     if value is None:
-        return ("nccl", "default (GPUs visible)") if gpus else ("gloo", "default (no GPU visible)")
+        return ("nccl", f"default (GPUs visible: {devices.visible_gpus_origin(env)})") if gpus else ("gloo", "default (no GPU visible)")
     if value == "nccl" and not gpus:
         raise error_for(origin)(f"{origin}=nccl: NCCL needs GPUs and none is visible; use gloo on CPU")
     return value, origin
@@ -415,8 +416,8 @@ def resolve_topology(
     master_addr = settings.MASTER_ADDR.parse(master.addr, origins["master_addr"])
 
     gpus = devices.visible_gpu_count(env)
-    nproc, origins["nproc_per_node"] = _nproc_per_node(given, found, gpus, nproc_per_node)
-    backend, origins["backend"] = _backend(given, gpus)
+    nproc, origins["nproc_per_node"] = _nproc_per_node(given, found, gpus, nproc_per_node, env)
+    backend, origins["backend"] = _backend(given, gpus, env)
     interface, reason, origins["interface"], interface_warnings = _interface(given.interface, env, master_addr, resolve_names,
                                                                              backend)
     warnings += interface_warnings
