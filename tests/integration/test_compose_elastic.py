@@ -32,8 +32,8 @@ from fixtures.compose_elastic import (
     ELASTIC_LONGER_ARGS,
     EXAMPLE_PACE_MS,
     LOSE,
+    NEVER_LAPSES,
     SCALE_DOWN_PACE_MS,
-    SLACK,
     STEP,
     TIMEOUT_S,
     TRAINERS,
@@ -104,9 +104,9 @@ def test_a_fourth_node_joins_a_running_job(job_factory):
     # soon after the three left their group, well within the last call. A round after the first closes early only with
     # every node it expects (trainpod.rendezvous.node_order.expected: the last members and the wait list, those alive),
     # so the waiting 4th was no longer alive in the round's state: its agent, starting beside other modules' clusters,
-    # had missed 3 heartbeats (the elastic default, 3 s). SLACK gives it ten.
+    # had missed 3 heartbeats (the elastic default, 3 s). Ten were later too few on a slower host: NEVER_LAPSES.
     job = job_factory("up", pace_ms=750, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_LONGER_ARGS,
-                      TRAINPOD_NNODES="3:4", TRAINPOD_RDZV_CONF=f"last_call_timeout=15,{SLACK}")
+                      TRAINPOD_NNODES="3:4", TRAINPOD_RDZV_CONF=f"last_call_timeout=15,{NEVER_LAPSES}")
     job.up(*TRAINERS)
     job.rank0_at_step(3, 4)
     joined_at = job.up("trainer3")  # profile scale-up: named, it starts
