@@ -41,16 +41,16 @@ MIN_DRIVER_FOR_CUDA = {12: (525, 60, 13), 13: (580,)}
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 
 
-def torch_cuda_version() -> str | None:
+def torch_cuda_version(field: str = "cuda") -> str | None:
     """The CUDA version torch was built for ('13.0'), None for a CPU build or no torch; read from
-    torch/version.py, so that it costs no torch import."""
+    torch/version.py, so that it costs no torch import. `field`: 'hip' for a ROCm build's HIP version."""
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
     for folder in (spec.submodule_search_locations or []) if spec else []:
         try:
             with open(os.path.join(folder, "version.py"), encoding="utf-8") as file:
-                match = re.search(r"^cuda\b[^=]*=\s*['\"]([0-9.]+)['\"]", file.read(), re.M)
+                match = re.search(rf"^{field}\b[^=]*=\s*['\"]([0-9.]+)", file.read(), re.M)
         except OSError:
             continue
         return match.group(1) if match else None

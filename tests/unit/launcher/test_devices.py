@@ -29,6 +29,9 @@ def test_torch_cuda_version_is_read_without_importing_torch(tmp_path, monkeypatc
     assert torch_cuda_version() == "13.0"
     version.write_text("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n")
     assert torch_cuda_version() is None
+    # a ROCm build: no CUDA, a HIP version (its nccl backend is RCCL)
+    version.write_text("__version__ = '2.9.1+rocm6.4'\ncuda: Optional[str] = None\nhip: Optional[str] = '6.4.43482-0f2d60242'\n")
+    assert torch_cuda_version() is None and torch_cuda_version("hip") == "6.4.43482"
 
 
 def test_driver_versions_are_parsed_from_the_kernel_module_file_and_nvidia_smi():

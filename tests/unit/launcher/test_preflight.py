@@ -103,7 +103,7 @@ def test_a_cuda_13_torch_needs_driver_580_when_gpus_are_asked_for():
         preflight.check_cuda_driver(topology(), {"CUDA_VISIBLE_DEVICES": "0"}, cuda="12.8", driver=((520, 1), "nvidia-smi"))
 
 
-def test_nccl_on_a_cpu_torch_is_one_line_naming_where_nccl_came_from():
+def test_nccl_on_a_cpu_torch_is_one_line_naming_where_nccl_came_from(monkeypatch):
     # The visible GPUs made nccl the default: the line names them and both fixes, not the ranks' TRAINPOD_BACKEND
     default = topology(backend="nccl", origins={"backend": "default (GPUs visible)"})
     with pytest.raises(ConfigError, match=r"^CUDA_VISIBLE_DEVICES='0,1' makes 2 GPU\(s\) visible, so the backend defaults to "
@@ -117,6 +117,11 @@ def test_nccl_on_a_cpu_torch_is_one_line_naming_where_nccl_came_from():
         preflight.check_cuda_build(topology(backend="nccl", origins={"backend": "TRAINPOD_BACKEND"}), {}, cuda="")
     preflight.check_cuda_build(default, {"CUDA_VISIBLE_DEVICES": "0"}, cuda="13.0")  # a CUDA build: the driver check's
     preflight.check_cuda_build(topology(), {"CUDA_VISIBLE_DEVICES": "0"}, cuda="")  # gloo on a CPU build
+    # a ROCm build has no CUDA version but runs nccl (RCCL)
+    from trainpod.launcher import devices
+
+    monkeypatch.setattr(devices, "torch_cuda_version", lambda field="cuda": "6.4.43482" if field == "hip" else None)
+    preflight.check_cuda_build(default, {"CUDA_VISIBLE_DEVICES": "0"})
 
 
 def test_no_driver_check_without_gpus_or_for_a_cpu_torch():
