@@ -20,6 +20,7 @@ import argparse
 import ipaddress
 import math
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -351,6 +352,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}")
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse joins the arguments it does not know with spaces: an empty one, or one holding a space, was not seen
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {shlex.join(unknown)}")
+        return parsed
 
 
 def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[Setting], title: str | None = None) -> None:

@@ -92,6 +92,9 @@ def test_parse_args_derives_flags_help_and_switches(capsys):
     assert settings.parse_args("prog", "", table, [], {"TRAINPOD_QUIET": "yes"}).quiet is True
     with pytest.raises(UsageError, match="^prog: unrecognized arguments: --bogus$"):
         settings.parse_args("prog", "", table, ["--bogus"], {})
+    # each as a shell word: an empty argument, or one holding a space, is seen (argparse joins them with spaces)
+    with pytest.raises(UsageError, match="^prog: unrecognized arguments: '' 'a b' x$"):
+        settings.parse_args("prog", "", table, ["", "a b", "x"], {})
     with pytest.raises(SystemExit):
         settings.parse_args("prog", "", table, ["--help"], {})
     assert "restarts (default 3; env TRAINPOD_MAX_RESTARTS)" in " ".join(capsys.readouterr().out.split())
