@@ -31,6 +31,7 @@ from fixtures.compose_elastic import (
     ELASTIC_ARGS,
     ELASTIC_LONGER_ARGS,
     EXAMPLE_PACE_MS,
+    JOIN_PACE_MS,
     LOSE,
     NEVER_LAPSES,
     SCALE_DOWN_PACE_MS,
@@ -105,7 +106,7 @@ def test_a_fourth_node_joins_a_running_job(job_factory):
     # every node it expects (trainpod.rendezvous.node_order.expected: the last members and the wait list, those alive),
     # so the waiting 4th was no longer alive in the round's state: its agent, starting beside other modules' clusters,
     # had missed 3 heartbeats (the elastic default, 3 s). Ten were later too few on a slower host: NEVER_LAPSES.
-    job = job_factory("up", pace_ms=750, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_LONGER_ARGS,
+    job = job_factory("up", pace_ms=JOIN_PACE_MS, TRAINPOD_EXAMPLE=ELASTIC, TRAINPOD_EXAMPLE_ARGS=ELASTIC_LONGER_ARGS,
                       TRAINPOD_NNODES="3:4", TRAINPOD_RDZV_CONF=f"last_call_timeout=15,{NEVER_LAPSES}")
     job.up(*TRAINERS)
     job.rank0_at_step(3, 4)
