@@ -22,9 +22,9 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 
+from trainpod.agent.warm import is_python
 from trainpod.errors import UsageError
 
-_PYTHON_NAME = re.compile(r"python[0-9.]*")  # python, python3, python3.12: CPython's command line (not python3-config)
 _PYTHON_FLAGS = frozenset("bBdEiIOPqRsSuvx")  # CPython's options without a value (-h, -V, -?: nothing runs)
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh"})
 _SHELL_VALUED_LONG = frozenset({"rcfile", "init-file", "emulate"})  # bash's and zsh's long options with a value
@@ -54,7 +54,7 @@ def check_command(command: Sequence[str], env: Mapping[str, str]) -> None:
             raise UsageError(f"-- {program}: command not found (searched PATH)")
     _check_shebang(program if "/" in program else f"{program} ({path})", path, env)
     name = os.path.basename(path)
-    if _PYTHON_NAME.fullmatch(name):
+    if is_python(path):  # python, python3, python3.12: CPython's command line (not python3-config)
         _check_python(command, path, env)
     elif name.startswith("python") and len(command) > 1:  # python3-dbg, ...: only what is sure, a missing .py
         script = command[1]

@@ -58,8 +58,10 @@ def check_cuda_build(topology: Topology, env: Mapping[str, str], *, cuda: str | 
 
     if topology.backend != "nccl":
         return
-    if (devices.torch_cuda_version() if cuda is None else cuda) or (cuda is None and devices.torch_cuda_version("hip")):
-        return  # a CUDA build, or a ROCm one (its nccl backend is RCCL)
+    if cuda is None:  # a ROCm build has a HIP version instead, and its nccl backend is RCCL
+        cuda = devices.torch_cuda_version() or devices.torch_cuda_version("hip")
+    if cuda:
+        return
     origin = topology.origins.get("backend", "--backend")
     if origin.startswith("default"):
         gpus = devices.visible_gpu_count(env)

@@ -316,9 +316,8 @@ def _check_nodes_can_meet(rendezvous: Rendezvous, nnodes: int, origins: Mapping[
     be restarted to wait again. An etcd rendezvous, or c10d's own endpoint, needs neither."""
     if rendezvous.uses_etcd or rendezvous.endpoint:
         return
-    defaults = ("single-node default", "default", "default (single node)")  # the single and torchrun sources' words
     needed = [flag for flag, key in (("--master-addr", "master_addr"), ("--node-rank", "node_rank"))
-              if origins.get(key) in defaults]
+              if "default" in origins.get(key, "")]  # a source's single-node default, not a variable or a flag
     if needed:
         origin = origins["nnodes"]
         raise error_for(origin)(f"{origin}={settings.format_range((rendezvous.min_nodes, nnodes))}: a job of several nodes "
