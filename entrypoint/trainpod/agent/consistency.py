@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trainpod
+from trainpod import python_command
 from trainpod.agent import round_gather
-from trainpod.agent.warm import is_python, python_command
 
 if TYPE_CHECKING:
     from trainpod.runspec import RunSpec
@@ -138,14 +138,14 @@ def driver_version(path: str = "/proc/driver/nvidia/version") -> str:
 
 def script_entry(command: Sequence[str]) -> tuple[str, str] | None:
     """("script", PATH) or ("-m", MODULE) for `python [options] train.py ...` / `python -m pkg.mod ...`
-    (trainpod.agent.warm.python_command's grammar); ("file", PATH) for another command that is a file (a shell
+    (trainpod.python_command's grammar, CPython's); ("file", PATH) for another command that is a file (a shell
     script); else None."""
     if not command:
         return None
-    parsed = python_command(command)
+    parsed = python_command.parse(command)
     if parsed is not None:
-        return (parsed[0], parsed[1]) if parsed[0] != "-c" else None
-    if is_python(command[0]):
+        return (parsed.kind, parsed.what) if parsed.kind != "-c" else None
+    if python_command.is_python(command[0]):
         return None  # python with no script: nothing of the job's own to compare
     return ("file", command[0]) if os.path.isfile(command[0]) else None
 

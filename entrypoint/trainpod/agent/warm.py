@@ -37,7 +37,6 @@ import gc
 import logging
 import multiprocessing
 import os
-import re
 import runpy
 import shutil
 import signal
@@ -46,7 +45,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from trainpod import proctitle
+from trainpod import proctitle, python_command
 from trainpod.settings import IN_PROCESS, RECOVERY
 from trainpod.supervisor import orphans
 
@@ -61,34 +60,7 @@ PRELOAD = ("trainpod.agent.warm_server", "torch", "torch.distributed", "torch.di
            "trainpod.supervisor.supervise", "trainpod.launcher.devices")
 # What stops a job, which the server ignores (trainpod.agent.warm_server) and run_rank gives back to the ranks.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-_PYTHON = re.compile(r"python[0-9.]*")
-_PYTHON_OPTIONS = ("-u", "-B")  # options that mean nothing to a forked rank (unbuffered it is)
-_OPTIONS_WITH_VALUE = ("-W", "-X")  # python's options whose value may be the next word
-
-
-def is_python(word: str) -> bool:
-    """Whether a command's first word names a Python interpreter (python, python3, /usr/bin/python3.11, ...)."""
-    return bool(_PYTHON.fullmatch(os.path.basename(word)))
-
-
-def python_command(command: Sequence[str]) -> tuple[str, str, tuple[str, ...], tuple[str, ...]] | None:
-    """(kind, what, argv, options) when `command` is `python [options] -m MODULE ...` ("-m", MODULE),
-    `python [options] SCRIPT ...` ("script", PATH) or `python [options] -c CODE ...` ("-c", CODE), in
-    Python's own command-line grammar; else None. Any interpreter named python*: which one is the caller's
-    question."""
-    if not command or not is_python(command[0]):
-        return None
-    rest, options = list(command[1:]), []
-    while rest and rest[0].startswith("-") and rest[0] not in ("-", "-m", "-c"):
-        option = rest.pop(0)
-        options.append(option)
-        if option in _OPTIONS_WITH_VALUE and rest:
-            options.append(rest.pop(0))
-    if len(rest) >= 2 and rest[0] in ("-m", "-c"):
-        return rest[0], rest[1], tuple(rest[2:]), tuple(options)
-    if rest and rest[0] != "-":
-        return "script", rest[0], tuple(rest[1:]), tuple(options)
-    return None
+_IDLE_FLAGS = frozenset("uB")  # python's options that mean nothing to a forked rank (unbuffered it is)
 
 
 def python_target(command: Sequence[str]) -> tuple[str, str, tuple[str, ...]] | None:
@@ -97,13 +69,13 @@ def python_target(command: Sequence[str]) -> tuple[str, str, tuple[str, ...]] | 
     no option but those that mean nothing to a forked rank; else None. This Python: an interpreter in the
     directory of sys.executable (the image's venv), so a forked rank sees the same packages the command
     would have."""
-    parsed = python_command(command)
-    if parsed is None or parsed[0] == "-c" or any(option not in _PYTHON_OPTIONS for option in parsed[3]):
+    parsed = python_command.parse(command)
+    if parsed is None or parsed.kind == "-c" or parsed.valued or not parsed.flags <= _IDLE_FLAGS:
         return None
     found = shutil.which(command[0])
     if found is None or os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(sys.executable)):
         return None
-    return parsed[0], parsed[1], parsed[2]
+    return parsed.kind, parsed.what, parsed.argv
 
 
 def _bundled(target: tuple[str, str, tuple[str, ...]]) -> bool:

@@ -22,10 +22,9 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainpod.agent.warm import is_python
 from trainpod.errors import UsageError
+from trainpod.python_command import is_python, parse
 
-_PYTHON_FLAGS = frozenset("bBdEiIOPqRsSuvx")  # CPython's options without a value (-h, -V, -?: nothing runs)
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh"})
 _SHELL_VALUED_LONG = frozenset({"rcfile", "init-file", "emulate"})  # bash's and zsh's long options with a value
 _SHEBANG_BYTES = 256  # what Linux reads of a #! line (BINPRM_BUF_SIZE)
@@ -64,48 +63,6 @@ def check_command(command: Sequence[str], env: Mapping[str, str]) -> None:
         _check_shell(command, env)
 
 
-def _python_entry(command: Sequence[str]) -> tuple[str, str, int, frozenset[str]] | None:
-    """What `python [options] ...` runs, parsed as CPython parses its command line: ("script", PATH, index,
-    flags) or ("-m", MODULE, index, flags), index: the word that names it, flags: the value-less options given.
-    None where no file or module is named (-c CODE, `-` or nothing: stdin, -h, -V), or an option this does
-    not know (a newer or older python: let it speak)."""
-    flags: set[str] = set()
-    i = 1
-    while i < len(command):
-        word = command[i]
-        if word == "--":
-            i += 1
-            break
-        if word == "-" or not word.startswith("-"):
-            break
-        if word.startswith("--"):
-            if word == "--check-hash-based-pycs":
-                i += 2
-                continue
-            return None  # --help, --version: nothing runs; or an option this does not know
-        for j in range(1, len(word)):
-            letter = word[j]
-            if letter in "cmWX":  # the option's value: the rest of the word, else the next word
-                attached = word[j + 1:]
-                if not attached:
-                    i += 1
-                    if i >= len(command):
-                        return None  # python says "Argument expected"
-                value = attached or command[i]
-                if letter == "c":
-                    return None
-                if letter == "m":
-                    return "-m", value, i, frozenset(flags)
-                break  # -W, -X: the rest of the word was the value
-            if letter not in _PYTHON_FLAGS:
-                return None  # -h, -V, -?, or an option this python may not have
-            flags.add(letter)
-        i += 1
-    if i >= len(command) or command[i] == "-":
-        return None  # stdin
-    return "script", command[i], i, frozenset(flags)
-
-
 def _stat(shown: str, path: str, where: str = "") -> os.stat_result:
     """`path`'s stat, or the usage error: no such file, a folder on its path not searchable."""
     try:
@@ -117,11 +74,11 @@ def _stat(shown: str, path: str, where: str = "") -> os.stat_result:
 
 
 def _check_python(command: Sequence[str], path: str, env: Mapping[str, str]) -> None:
-    entry = _python_entry(command)
-    if entry is None:
+    entry = parse(command)
+    if entry is None or entry.kind == "-c":
         return
-    kind, name, index, flags = entry
-    shown = " ".join(command[:index + 1])
+    kind, name, flags = entry.kind, entry.what, entry.flags
+    shown = " ".join(command[:entry.index + 1])
     if kind == "-m":
         if _same_interpreter(path):
             _check_module(shown, name, flags, env)

@@ -28,6 +28,10 @@ def test_a_bundled_example_as_torchrun_builds_it_starts_warm_by_default():
     assert target == ("-m", EXAMPLE, ("--epochs", "1"))
     assert warm.wanted("auto", target) and warm.wanted("on", target) and not warm.wanted("off", target)
     assert warm.preload(target)[-1] == EXAMPLE  # the server imports the example too
+    # The same in any spelling CPython reads alike (trainpod.python_command)
+    for spelled in ([sys.executable, "-uB", "-m", EXAMPLE, "--epochs", "1"], [sys.executable, "-um", EXAMPLE, "--epochs", "1"],
+                    [sys.executable, "-u", f"-m{EXAMPLE}", "--epochs", "1"]):
+        assert warm.python_target(spelled) == target
 
 
 def test_a_users_python_command_starts_warm_only_when_asked():
@@ -42,6 +46,9 @@ def test_a_users_python_command_starts_warm_only_when_asked():
 @pytest.mark.parametrize("command", [
     ["bash", "train.sh"],
     [sys.executable, "-c", "print(1)"],  # no script or module: runs as a command
+    [sys.executable, "-W", "error", "-m", EXAMPLE],  # an option a forked rank would not have: runs as a command
+    [sys.executable, "-Xfrozen_modules=off", "-m", EXAMPLE],
+    [sys.executable, "-O", "-m", EXAMPLE],
     [sys.executable],
     ["/nonexistent/venv/bin/python3", "train.py"],  # another Python: its packages are not this one's
     [],
