@@ -42,7 +42,8 @@ class Target:
     checkpoint_dir: str | None = None  # where an example checkpoints (None: nowhere, or a command)
 
     @staticmethod
-    def for_example(name: str, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Target:
+    def for_example(name: str, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                    warnings: list[str] | None = None) -> Target:
         from trainpod.examples import EXAMPLES
 
         if name not in EXAMPLES:
@@ -50,7 +51,7 @@ class Target:
         example = EXAMPLES[name]
         args = example.args + tuple(extra_args)
         env = os.environ if env is None else env
-        example.check_args(args, env)
+        example.check_args(args, env, warnings)
         shm = example.shm_mib if example.uses_loader_workers(args, env) else 0
         output_dir, checkpoint_dir = example.directories(args, env)
         return Target(module=example.module, args=args, needs=example.needs, shm_mib=shm, output_dir=output_dir,

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trainpod.errors import UsageError, invalid
+from trainpod.text import printable
 
 __all__ = [
     "ArgumentParser", "Boolean", "Choice", "Host", "Integer", "Invalid", "NodeRange", "Number", "ProcessCount", "Setting", "Switch",
     "Text",
-    "Values", "add_arguments", "parse_args", "resolve",
+    "Values", "add_arguments", "parse_args", "repeated", "resolve",
 ]
 
 
@@ -347,6 +348,49 @@ def resolve(settings: Iterable[Setting], flags: Mapping[str, Any], env: Mapping[
     return Values(values, origins)
 
 
+REPEATED = "flag_warnings"  # a parsed namespace's list: a line for each flag given again with another value
+
+
+def repeated(namespace: argparse.Namespace) -> list[str]:
+    """The lines that say which flags were given more than once with different values, and which value counts."""
+    return getattr(namespace, REPEATED, [])
+
+
+class _Noted:
+    """An action that notes a flag given again with another value: argparse keeps the last one silently, and a job
+    script that appends an override (`trainpod run $COMMON --nnodes 4`) or repeats a flag by mistake is then told
+    which value counts. The last one still wins, as with every tool that parses flags so."""
+
+    option_strings: list[str]
+    dest: str
+
+    def _note(self, namespace: argparse.Namespace, before: Any) -> None:
+        after = getattr(namespace, self.dest)
+        if before is not None and after != before:
+            lines = namespace.__dict__.setdefault(REPEATED, [])
+            lines.append(f"{self.option_strings[0]} given more than once ({self._shown(before)}, then {self._shown(after)}): "
+                         "the last one counts")
+
+    def _shown(self, value: Any) -> str:
+        if isinstance(value, bool):  # --flag / --no-flag
+            return self.option_strings[0] if value else self.option_strings[-1]
+        return printable(shlex.quote(value))
+
+
+class _Store(_Noted, argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values)
+        self._note(namespace, before)
+
+
+class _BooleanOptional(_Noted, argparse.BooleanOptionalAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        super().__call__(parser, namespace, values, option_string)
+        self._note(namespace, before)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 64 (UsageError), not a usage dump and 2."""
 
@@ -370,10 +414,10 @@ def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[Setting], 
             group.add_argument(setting.flag, dest=setting.name, action="store_const", const=True, default=None,
                                help=setting.describe())
         elif isinstance(setting.kind, Boolean):
-            group.add_argument(setting.flag, dest=setting.name, action=argparse.BooleanOptionalAction, default=None,
+            group.add_argument(setting.flag, dest=setting.name, action=_BooleanOptional, default=None,
                                help=setting.describe())
         else:
-            group.add_argument(setting.flag, dest=setting.name, metavar=setting.metavar or _metavar(setting.kind),
+            group.add_argument(setting.flag, dest=setting.name, action=_Store, metavar=setting.metavar or _metavar(setting.kind),
                                default=None, help=setting.describe())
 
 
@@ -386,12 +430,16 @@ def _metavar(kind: Callable[[Any], Any]) -> str:
 
 
 def parse_args(
-    prog: str, description: str, settings: Sequence[Setting], argv: Sequence[str] | None, env: Mapping[str, str]
+    prog: str, description: str, settings: Sequence[Setting], argv: Sequence[str] | None, env: Mapping[str, str],
+    warnings: list[str] | None = None,
 ) -> Values:
-    """A script's options (the bundled examples'): flags, then variables, then defaults; one-line errors."""
+    """A script's options (the bundled examples'): flags, then variables, then defaults; one-line errors. A flag
+    given again with another value: a line in `warnings`, where the caller says them (once per job, not per rank)."""
     parser = ArgumentParser(prog=prog, description=description)
     add_arguments(parser, settings)
     args = parser.parse_args(argv)
+    if warnings is not None:
+        warnings += [f"{prog}: {line}" for line in repeated(args)]
     return resolve(settings, vars(args), env)
 
 

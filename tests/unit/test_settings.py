@@ -100,6 +100,23 @@ def test_parse_args_derives_flags_help_and_switches(capsys):
     assert "restarts (default 3; env TRAINPOD_MAX_RESTARTS)" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_flag_given_again_with_another_value_is_said_and_the_last_one_counts():
+    table = (SETTING, Setting("quiet", "say less", Switch(), var="TRAINPOD_QUIET", default=False),
+             Setting("amp", "mixed precision", Boolean(), var="TRAINPOD_AMP", default=False))
+    said: list[str] = []
+    values = settings.parse_args("prog", "", table, ["--max-restarts", "5", "--amp", "--quiet", "--quiet", "--max-restarts=5",
+                                                     "--no-amp", "--max-restarts", "7"], {}, said)
+    assert (values.max_restarts, values.amp, values.quiet) == (7, False, True)
+    assert said == ["prog: --amp given more than once (--amp, then --no-amp): the last one counts",
+                    "prog: --max-restarts given more than once (5, then 7): the last one counts"]
+    said = []  # a value as a shell word, on one line
+    with pytest.raises(UsageError):
+        settings.parse_args("prog", "", table, ["--max-restarts", "5", "--max-restarts", "a b\n"], {}, said)
+    assert said == ["prog: --max-restarts given more than once (5, then 'a b\\n'): the last one counts"]
+    values = settings.parse_args("prog", "", table, ["--max-restarts", "4", "--max-restarts", "6"], {})  # no list: not said
+    assert values.max_restarts == 6
+
+
 def test_node_ranges_and_rendezvous_conf():
     from trainpod.settings import NNODES, RDZV_CONF
 

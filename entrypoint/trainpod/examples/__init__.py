@@ -38,13 +38,14 @@ class Example:
     needs: tuple[str, ...] = ("numpy",)  # what it imports besides torch (import names): preflight checks them
     options: tuple[Setting, ...] = ()  # its own flags besides COMMON (trainpod.examples.options); its Recipe's
 
-    def check_args(self, args: Sequence[str], env: Mapping[str, str]) -> None:
+    def check_args(self, args: Sequence[str], env: Mapping[str, str], warnings: list[str] | None = None) -> None:
         """Its flags and TRAINPOD_* variables, parsed as its ranks will parse them: one line (a flag's 64, a
-        variable's 78) before anything starts, not a rank's once the nodes met. Its --help is its own to print."""
+        variable's 78) before anything starts, not a rank's once the nodes met. Its --help is its own to print.
+        A flag given again with another value: a line in `warnings` (settings.parse_args)."""
         if "-h" in args or "--help" in args:
             return
         try:
-            settings.parse_args(self.name, self.description, (*COMMON, *self.options), list(args), env)
+            settings.parse_args(self.name, self.description, (*COMMON, *self.options), list(args), env, warnings)
         except TrainpodError as error:
             text = str(error)
             error.message = text if text.startswith(f"{self.name}: ") else f"{self.name}: {text}"

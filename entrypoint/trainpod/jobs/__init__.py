@@ -138,8 +138,9 @@ def _spares(example: Example, nodes: int, spares: int, origin: str) -> int:
 
 
 def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapping[str, str],
-          args: Sequence[str] = ()) -> tuple[Scheduler, settings.Values]:
-    """The scheduler's renderer for this job, and the common settings (submit among them)."""
+          args: Sequence[str] = (), warnings: list[str] | None = None) -> tuple[Scheduler, settings.Values]:
+    """The scheduler's renderer for this job, and the common settings (submit among them). A flag of the example's
+    given again with another value: a line in `warnings`."""
     cls = REGISTRY[scheduler]
     if example_name not in EXAMPLES:
         raise UsageError(f"trainpod job {scheduler}: {example_name!r}: expected one of {', '.join(EXAMPLES)}")
@@ -147,7 +148,7 @@ def build(scheduler: str, example_name: str, flags: Mapping[str, Any], env: Mapp
     _check_given(cls.settings, flags, env, args)
     # The example's flags, parsed as its ranks will parse them: a typo is one line now, not a job that fails on the
     # cluster after it waited in the queue. This machine's TRAINPOD_* variables do not go into the job file.
-    example.check_args(args, {})
+    example.check_args(args, {}, warnings)
     values = settings.resolve(SETTINGS, flags, env)
     nodes = values.nodes if values.nodes is not None else example.nodes
     example.check_nodes(nodes, values.origins["nodes"])

@@ -162,7 +162,8 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _target(name: str | None, command: list[str], subcommand: str, required: bool, origin: str = "--example") -> Target | None:
+def _target(name: str | None, command: list[str], subcommand: str, required: bool, origin: str = "--example",
+            warnings: list[str] | None = None) -> Target | None:
     if name:
         if command and not command[0].startswith("-"):
             # A command where the example's flags go: TRAINPOD_EXAMPLE left in an image would run the example
@@ -170,7 +171,7 @@ def _target(name: str | None, command: list[str], subcommand: str, required: boo
             raise error_for(origin)(f"{origin}={name} takes the example's own flags after --, and {command[0]!r} is not "
                                     f"one: run the example or your command, not both ({'drop' if origin.startswith('--') else 'unset'} "
                                     f"{origin} to run the command)")
-        return Target.for_example(name, command, os.environ)  # after --: the example's own flags
+        return Target.for_example(name, command, os.environ, warnings)  # after --: the example's own flags
     if command:
         return Target.for_command(command, os.environ)
     if required:
@@ -243,7 +244,10 @@ def _job(args: argparse.Namespace, command: list[str], env: Mapping[str, str], *
 def _checked_job(args: argparse.Namespace, command: list[str], values, example, topology: Topology, required: bool):
     if example:
         example.check_nodes(topology.nnodes, topology.origins["nnodes"])
-    target = _target(values.example, command, args.command, required, values.origins.get("example", "--example"))
+    warnings = settings.repeated(args)
+    target = _target(values.example, command, args.command, required, values.origins.get("example", "--example"), warnings)
+    if warnings:  # said where the topology's warnings are: explain's table, and once per run
+        topology = replace(topology, warnings=(*warnings, *topology.warnings))
     if values.warm_start == "on" and target is not None and target.command and warm.python_target(target.command) is None:
         origin = values.origins["warm_start"]
         raise error_for(origin)(f"{origin}=on: expected a command that this Python ({sys.executable}) runs as "
@@ -374,7 +378,11 @@ def cmd_examples(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def cmd_job(args: argparse.Namespace, command: list[str]) -> int:
-    renderer, values = jobs.build(args.scheduler, args.job_example, vars(args), os.environ, command)
+    warnings = settings.repeated(args)
+    renderer, values = jobs.build(args.scheduler, args.job_example, vars(args), os.environ, command, warnings)
+    say = log.writer()
+    for warning in warnings:  # on stderr: the job file on stdout stays whole
+        say(f"warning: {warning}")
     if values.submit:
         return renderer.submit()
     sys.stdout.write(renderer.render())

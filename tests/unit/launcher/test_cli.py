@@ -98,6 +98,24 @@ def test_explain_table_shows_origins_and_the_command():
     assert "--nproc-per-node" in result.stdout and "would run:" in result.stdout and "trainpod.examples.cifar10" in result.stdout
 
 
+def test_a_flag_given_again_with_another_value_is_a_warning_and_the_last_one_counts():
+    # a job script that appends an override to its common flags, and the example's own flags after --
+    result = here("explain", "--nproc-per-node", "2", "--example", "cifar10-ddp", "--nproc-per-node", "3", "--json",
+                  "--", "--epochs", "1", "--epochs=2")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["nproc_per_node"] == 3 and data["command"][-3:] == ["--epochs", "1", "--epochs=2"]  # as given: the ranks read 2
+    assert data["warnings"] == ["--nproc-per-node given more than once (2, then 3): the last one counts",
+                                "cifar10-ddp: --epochs given more than once (1, then 2): the last one counts"]
+    table = here("explain", "--nproc-per-node", "2", "--nproc-per-node", "3", "--example", "cifar10-ddp")
+    assert "warning: --nproc-per-node given more than once (2, then 3): the last one counts" in table.stdout.splitlines()
+    job = here("job", "slurm", "cifar10-ddp", "--nodes", "2", "--nodes", "3", "--", "--epochs", "1", "--epochs", "2")
+    assert job.returncode == 0, job.stderr
+    assert job.stderr.splitlines() == ["trainpod: warning: --nodes given more than once (2, then 3): the last one counts",
+                                       "trainpod: warning: cifar10-ddp: --epochs given more than once (1, then 2): the last one counts"]
+    assert "#SBATCH --nodes=3" in job.stdout.splitlines()
+
+
 @pytest.mark.parametrize("args", [
     ["explain", "--nnodes", "x"],
     ["explain", "--bogus"],
