@@ -135,8 +135,12 @@ def test_a_node_that_leaves_an_elastic_job_leaves_its_round_and_keeps_the_rendez
 
     agent = fixed_size_agent(monkeypatch, tmp_path, node_rank=1, min_nodes=1)
     handler = agent._worker_group.spec.rdzv_handler
-    other = DynamicRendezvousHandler.from_backend("policy", handler._store, C10dRendezvousBackend(handler._store, "policy"),
-                                                  1, 2, local_addr="127.0.0.1")  # another node of the job, which stays
+    # Another node of the job, which stays, with a client of the store of its own, as another node's agent has: one
+    # client serves one call at a time, so where this node's wait for rank 0's address (the round's MASTER_ADDR) came
+    # first, rank 0's set of it queued behind the wait until the store's timeout (10 s; seen on a loaded host).
+    client = dist.TCPStore(handler._store.host, handler._store.port, is_master=False, timeout=timedelta(seconds=10))
+    other = DynamicRendezvousHandler.from_backend("policy", client, C10dRendezvousBackend(client, "policy"), 1, 2,
+                                                  local_addr="127.0.0.1")
     # A round of two (1:2), `other` first: it waits torch's 30 s last call for more nodes, this node's handler 1 s
     # (fixed_size_agent), so the one that joins first must be `other`, or this node would complete a round alone.
     joined = threading.Thread(target=other.next_rendezvous, daemon=True)
