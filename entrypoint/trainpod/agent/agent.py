@@ -85,6 +85,15 @@ def torch_internals_missing() -> list[str]:
     if holder is None or "self._cache_duration" not in inspect.getsource(holder):
         missing.append("torch.distributed.elastic.rendezvous.dynamic_rendezvous._BackendRendezvousStateHolder"
                        "._cache_duration (how long a read state is reused: trainpod.agent.policy polls faster)")
+    from torch.distributed import Store
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    backend = getattr(c10d_rendezvous_backend, "C10dRendezvousBackend", None)
+    if (holder is None or backend is None or "self._backend" not in inspect.getsource(holder)
+            or "self._store" not in inspect.getsource(backend) or not callable(getattr(Store, "clone", None))):  # fmt: skip
+        missing.append("torch.distributed.elastic.rendezvous's _BackendRendezvousStateHolder._backend, "
+                       "C10dRendezvousBackend._store and Store.clone() (trainpod.agent.policy gives the c10d rendezvous' "
+                       "heartbeats a client of the store of their own)")
     handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
     if handler is None or not all(f"self.{name}:" in inspect.getsource(handler.__init__)
                                   for name in ("_bootstrap_store_info", "_shared_tcp_store_server")):

@@ -78,7 +78,7 @@ _worker_group.spec (entrypoint, args, max_restarts, rdzv_handler), _pcontext.std
 _exited_zero()), the c10d
 rendezvous handler's `_store`, the dynamic rendezvous's `_delay` and `_state_holder._cache_duration`
 (_poll_rendezvous_faster()), and its handler's `_bootstrap_store_info` and `_shared_tcp_store_server`
-(_fresh_workers_store()).
+(_fresh_workers_store()), the state holder's `_backend` and the c10d backend's `_store` (_heartbeats_of_their_own()).
 """
 
 from __future__ import annotations
@@ -252,6 +252,7 @@ class AgentPolicy:
             node_order.keep(spec.rdzv_handler, self.node_rank)  # global ranks by the platform's node numbering
         _poll_rendezvous_faster(spec.rdzv_handler, self.nnodes)
         _fresh_workers_store(spec.rdzv_handler)
+        _heartbeats_of_their_own(spec.rdzv_handler)
         self.left_open = False  # an elastic job's rendezvous this agent did not close on its way out
         self.left_job = False  # this node left an elastic job (a check named it, or its ranks failed alike twice)
         if self.elastic:
@@ -976,6 +977,26 @@ def _fresh_workers_store(handler) -> None:
 
     next_rendezvous.torch_next = torch_next  # type: ignore[attr-defined]
     handler.next_rendezvous = next_rendezvous
+
+
+def _heartbeats_of_their_own(handler) -> None:
+    """The c10d rendezvous' state (each node's heartbeat among it) read and written through a client of the store of its
+    own, not the one that the round's checks and torch's agent wait on.
+
+    A TCPStore client serves one call at a time, and a wait is one call: torch's c10d backend shares one client between
+    the rendezvous' state and the store each round hands out (RendezvousInfo.store), so while the agent waited there
+    (the nodes' fingerprints, --netcheck's and --devcheck's exchanges: up to the slowest node's time to publish, and
+    more where one never does) its heartbeat thread queued behind the wait. A wait longer than the keep-alive lapse (3 s
+    by an elastic trainpod job's default) made the node dead to the others, who dropped it from the state; torch then
+    never sends its heartbeat again (a node that is no longer in last_heartbeats is not kept alive), so the next
+    restart's round did not wait for it, and the job restarted once more to let it back in. trainpod's etcd-v3 store
+    waits by polling (trainpod.rendezvous.etcd_v3) and holds nothing meanwhile."""
+    holder = getattr(handler, "_state_holder", None)
+    backend = getattr(holder, "_backend", None)
+    store = getattr(backend, "_store", None)
+    if _backend(handler) != "c10d" or store is None or store is not getattr(handler, "_store", None):
+        return  # another backend, or the state has a client of its own already
+    backend._store = store.clone()  # torch's own way to a client per thread: a new connection to the same store
 
 
 def _backend(handler) -> str:

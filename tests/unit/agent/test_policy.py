@@ -1,5 +1,6 @@
 """trainpod.agent.policy: what the agent keeps across the worker groups it starts and stops."""
 
+import contextlib
 import threading
 import time
 from datetime import timedelta
@@ -44,6 +45,49 @@ def fixed_size_agent(monkeypatch, tmp_path, node_rank: int, min_nodes: int = 2, 
 
     spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=handler, entrypoint="true", max_restarts=3)
     return Agent(spec, logs_specs=DefaultLogsSpecs())
+
+
+def test_a_wait_on_the_rounds_store_holds_back_no_heartbeat():
+    # One TCPStore client serves one call at a time: with torch's c10d backend a node's heartbeat queued behind the
+    # agent's wait for the other nodes' fingerprints (or --netcheck's, --devcheck's), and a wait longer than the
+    # keep-alive lapse (3 s in an elastic job) made the node dead to the others.
+    import pickle
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
+
+    port = free_port()
+    host = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    handler = DynamicRendezvousHandler.from_backend("beats", host, C10dRendezvousBackend(host, "beats"), 1, 1,
+                                                    local_addr="127.0.0.1", keep_alive_interval=1, keep_alive_max_attempt=3,
+                                                    timeout=RendezvousTimeout(last_call=timedelta(seconds=1)))
+    policy._heartbeats_of_their_own(handler)
+    round_store = handler.next_rendezvous().store
+    reader = C10dRendezvousBackend(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)), "beats")
+
+    def heartbeat():
+        return pickle.loads(reader.get_state()[0]).last_heartbeats[handler._this_node]
+
+    def wait():
+        with contextlib.suppress(Exception):
+            round_store.wait(["fingerprint of a slow node"], timedelta(seconds=60))
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
+    time.sleep(0.5)  # its wait is on
+    # Heartbeats go on through the wait, past the keep-alive lapse (3 heartbeats of 1 s): 4 new ones are seen.
+    seen = [heartbeat()]
+    deadline = time.monotonic() + 40
+    while len(seen) < 5:
+        assert time.monotonic() < deadline, f"{len(seen) - 1} heartbeat(s) in 40 s (one a second) while the agent waited"
+        if (beat := heartbeat()) != seen[-1]:
+            seen.append(beat)
+        time.sleep(0.1)
+    assert waiting.is_alive()  # all of them while the wait was on
+    round_store.clone().set("fingerprint of a slow node", "1")  # the slow node, late (this client is the wait's)
+    waiting.join(30)
+    assert not waiting.is_alive()
+    handler.shutdown()
 
 
 @pytest.mark.parametrize("node_rank", [1, 0], ids=["node 1", "node 0, the store's host"])
