@@ -353,7 +353,7 @@ REPEATED = "flag_warnings"  # a parsed namespace's list: a line for each flag gi
 
 def repeated(namespace: argparse.Namespace) -> list[str]:
     """The lines that say which flags were given more than once with different values, and which value counts."""
-    return getattr(namespace, REPEATED, [])
+    return list(getattr(namespace, REPEATED, []))
 
 
 class _Noted:
