@@ -54,13 +54,11 @@ def test_a_wait_on_the_rounds_store_holds_back_no_heartbeat():
     import pickle
 
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 
-    port = free_port()
-    host = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    handler = DynamicRendezvousHandler.from_backend("beats", host, C10dRendezvousBackend(host, "beats"), 1, 1,
-                                                    local_addr="127.0.0.1", keep_alive_interval=1, keep_alive_max_attempt=3,
-                                                    timeout=RendezvousTimeout(last_call=timedelta(seconds=1)))
+    from fixtures.rendezvous_nodes import elastic_handler, store_server
+
+    server, port = store_server()
+    handler = elastic_handler(port, "beats", 1, 1, last_call_s=1)  # a heartbeat each second, dead after 3 missed
     policy._heartbeats_of_their_own(handler)
     round_store = handler.next_rendezvous().store
     reader = C10dRendezvousBackend(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)), "beats")
