@@ -87,7 +87,7 @@ def keep(run: Callable[[], None], rank: int, name: Callable[[str], None]) -> Non
         try:
             store = store if store is not None else _client()
             generation = int(store.add(inprocess.GENERATION_KEY, 1))
-            store.set(inprocess.COUNTED_KEY.format(generation), "1")  # wakes every rank's watch (trainpod.train.inprocess)
+            inprocess.counted(store, generation)  # wakes every rank's watch (trainpod.train.inprocess)
         except (RuntimeError, OSError) as error:  # the store went with rank 0's keeper (its node): nothing to re-form
             print(f"trainpod: rank {rank} (pid {child}) was killed by {signal.Signals(signalled).name}; not replaced "
                   f"in-process: the workers' store at {_address()} does not answer ({type(error).__name__})",

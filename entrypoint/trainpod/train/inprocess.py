@@ -64,7 +64,8 @@ from typing import Any
 from trainpod.contract import INPROCESS_GENERATION_VAR
 
 GENERATION_KEY = "trainpod/inprocess/generation"  # in the workers' store: the newest generation counted
-COUNTED_KEY = "trainpod/inprocess/counted/{}"  # set by the keeper once it counted generation N: what _watch waits for
+COUNTED_KEY = "trainpod/inprocess/counted/{}"  # set by the keeper once it counted generation N: what the ranks wait for
+MEETING_KEY = "trainpod/inprocess/meeting/{}"  # where the ranks check in at generation N (_meet)
 RECOVERY_WAIT_S = 3.0  # after a failed collective, how long a new generation may take to be counted
 REFORM_TIMEOUT_S = 60.0  # how long the new group may take to form (the replacement starts, loads its data)
 STUCK_S = 10.0  # after the watch left this rank's group: how long its main thread may stay where it was, idle
@@ -75,7 +76,6 @@ ORPHAN_S = 2.0  # ... and when to look (py-spy, every ORPHAN_S) whether it waits
 # being written (its tx_) only those of bound buffers, while every collective's are unbound.
 ORPHANED = {"gloo::transport::tcp::UnboundBuffer::waitRecv": "a receive",
             "gloo::transport::tcp::UnboundBuffer::waitSend": "a send"}
-_POLL_S = 0.005
 _SPY_S = 10.0  # how long py-spy may take to read this process's stacks (longer on a loaded machine; not STUCK_S, which tests set low)
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
 
@@ -83,6 +83,8 @@ _declared: Any = None  # set by trainpod.agent.keeper in the forked rank: a shar
 _links: list[tuple[int, int]] = []  # (fd, socket inode) of this rank's connections to its group's peers
 _links_lock = threading.Lock()  # _links is shut down by the watch's thread too
 _watching: threading.Thread | None = None
+_counted = threading.Condition()  # notified by the watch when it sees a generation counted
+_counted_up_to = 0  # the newest generation the watch saw counted
 # This generation's group, held from the moment it formed: a script may destroy it before recover()
 # runs (the harness's train() does, in its `finally`), and then the failed step's objects (the DDP
 # model's reducer) hold its last reference.
@@ -141,19 +143,19 @@ def recover(error: BaseException, backend: str | None = None, device_id=None) ->
     _give_up()
     distributed.shutdown(barrier=False)
     _release(error)
-    current, deadline = generation(), time.monotonic() + RECOVERY_WAIT_S
+    current = generation()
     try:
         store = _store(RECOVERY_WAIT_S)
         newest = int(store.add(GENERATION_KEY, 0))
-        while newest <= current:
-            if time.monotonic() >= deadline:
-                raise error  # no rank died (or none could be replaced): the agent restarts the group
-            time.sleep(_POLL_S)
+        if newest <= current:  # not counted yet (the dead peer's connection told this rank first): the watch says when
+            with _counted:  # (a wait, not polls of the store: each poll is a round trip that the store's host
+                # answers, on the cores that the recovery needs)
+                _counted.wait_for(lambda: _counted_up_to > current, RECOVERY_WAIT_S)
             newest = int(store.add(GENERATION_KEY, 0))
-    except (RuntimeError, OSError) as lost:
-        if lost is error:
-            raise
+    except (RuntimeError, OSError):
         raise error from None  # the store went with rank 0's keeper (its node): the agent decides
+    if newest <= current:
+        raise error  # no rank died (or none could be replaced): the agent restarts the group
     os.environ[INPROCESS_GENERATION_VAR] = str(newest)
     try:
         return _join(newest, backend, device_id, store)
@@ -220,8 +222,16 @@ def _watch_generations() -> None:
             if time.monotonic() - began < _WATCH_WAIT_S:
                 return  # the store is gone, not a wait that timed out
             continue
+        _saw_counted(watched + 1)
         _disconnect(of=watched)
         _recover_or_end(watched)
+
+
+def _saw_counted(number: int) -> None:
+    global _counted_up_to
+    with _counted:
+        _counted_up_to = max(_counted_up_to, number)
+        _counted.notify_all()
 
 
 def _recover_or_end(watched: int) -> None:
@@ -417,31 +427,39 @@ def _meet(store, number: int, rank: int, world: int, deadline: float) -> int:
     """Check in at generation `number` and wait until all `world` ranks have; return the generation they meet at.
 
     Two ranks that die about together are counted as two generations, and their replacements and the
-    survivors may each have seen either first: whoever sees a newer generation counted before the last
-    rank arrived gives this one up, and every rank moves on to the newest. Which of the two happened
-    first (the last arrival, or giving up) is decided once, in the store (compare_set), so that no rank
-    forms a group that the others left."""
+    survivors may each have seen either first: a meeting that a newer generation was counted before its
+    last rank arrived is left, and every rank moves on to the newest. Which of the two happened first (the
+    last arrival, or the count) is decided once, in the store (compare_set on the meeting's outcome, by the
+    last rank to arrive or by the keeper that counts the next generation: counted()), so that no rank forms
+    a group that the others left; every rank waits for that outcome, and polls nothing."""
+    from torch.distributed import DistStoreError
+
     while True:
-        meeting = f"trainpod/inprocess/meeting/{number}"
+        # This rank's generation from here on: the watch of the generation it leaves ends (a main thread that waits
+        # in a meeting is not stuck in the group it left), and the next count is what it watches for.
+        os.environ[INPROCESS_GENERATION_VAR] = str(number)
+        meeting = MEETING_KEY.format(number)
         store.set(f"{meeting}/rank{rank}", "")
         if int(store.add(f"{meeting}/arrived", 1)) >= world:  # the last to arrive (one that arrived may have died since)
             newer = int(store.add(GENERATION_KEY, 0)) > number
             store.compare_set(f"{meeting}/outcome", "", "left" if newer else "formed")
-        while True:
-            outcome = store.compare_set(f"{meeting}/outcome", "", "")  # b"" while undecided (a read)
-            newest = int(store.add(GENERATION_KEY, 0))
-            if outcome == b"" and newest > number:
-                outcome = store.compare_set(f"{meeting}/outcome", "", "left")
-            if outcome == b"formed":
-                return number
-            if outcome == b"left" and newest > number:
-                number = newest
-                break
-            if time.monotonic() >= deadline:
-                missing = [r for r in range(world) if not store.check([f"{meeting}/rank{r}"])]
-                raise NotFormed(f"generation {number} did not form within {REFORM_TIMEOUT_S:g}s: rank(s) "
-                                f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} did not come")
-            time.sleep(_POLL_S)
+        try:
+            store.wait([f"{meeting}/outcome"], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        except DistStoreError:  # the wait timed out (a store that went away is a DistNetworkError, and goes up)
+            missing = [r for r in range(world) if not store.check([f"{meeting}/rank{r}"])]
+            raise NotFormed(f"generation {number} did not form within {REFORM_TIMEOUT_S:g}s: rank(s) "
+                            f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} did not come") from None
+        if store.get(f"{meeting}/outcome") == b"formed":
+            return number
+        number = max(int(store.add(GENERATION_KEY, 0)), number + 1)  # left: a newer generation was counted
+
+
+def counted(store, number: int) -> None:
+    """What the keeper of a dead rank does once it counted generation `number`: wake every rank's watch, and
+    leave the meeting at the generation before it if that did not form yet (_meet: its ranks move on to this one)."""
+    store.set(COUNTED_KEY.format(number), "1")
+    if number > 1:  # generation 0 formed through env://, not a meeting
+        store.compare_set(f"{MEETING_KEY.format(number - 1)}/outcome", "", "left")
 
 
 class NotFormed(RuntimeError):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,7 @@ def test_a_connection_closed_and_its_number_reused_is_left_alone(monkeypatch):
 
 
 RECOVER = textwrap.dedent("""
-    import gc, os, sys, weakref
+    import gc, os, sys, threading, weakref
     from datetime import timedelta
     import torch, torch.distributed as dist
     from trainpod.train import distributed, inprocess
@@ -139,7 +140,15 @@ RECOVER = textwrap.dedent("""
         session()
     except RuntimeError as error:
         failed = error
-    store.add(inprocess.GENERATION_KEY, 1)  # what the dead rank's keeper does
+    if sys.argv[2] == "before":  # what the dead rank's keeper does, before this rank's collective fails
+        inprocess.counted(store, int(store.add(inprocess.GENERATION_KEY, 1)))
+    else:  # once recover() waits for it: the rank's watch sees the count and wakes it (not its bound: the test's timeout)
+        class CountedOnceWaitedFor(threading.Condition):
+            def wait_for(self, predicate, timeout=None):
+                threading.Thread(target=lambda: inprocess.counted(store, int(store.add(inprocess.GENERATION_KEY, 1)))).start()
+                return super().wait_for(predicate, timeout)
+
+        inprocess.RECOVERY_WAIT_S, inprocess._counted = 600, CountedOnceWaitedFor()
     assert inprocess.recover(failed) == 1
     gc.collect()
     assert gone() is not None and gone() in inprocess._broken and dist.group.WORLD is not gone()
@@ -152,13 +161,14 @@ RECOVER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("group", ["destroyed", "kept"])
-def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tmp_path, group):
+@pytest.mark.parametrize("group, count", [("destroyed", "before"), ("kept", "before"), ("kept", "after")])
+def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tmp_path, group, count):
     # Freeing a gloo group joins its threads; one with tensors left to free needs the GIL that the
     # freeing thread holds. The group is kept instead, its connections shut down (_disconnect): also
     # when the script destroyed it before recover() (the harness does, in train()'s `finally`), and
-    # only the failed step's objects, which recover() frees, still held it.
-    done = subprocess.run([sys.executable, "-c", RECOVER, group], env=rank_env(free_port()), capture_output=True, text=True,
+    # only the failed step's objects, which recover() frees, still held it. A keeper's count that comes after
+    # the failure (a dead peer's connection told this rank first) is waited for.
+    done = subprocess.run([sys.executable, "-c", RECOVER, group, count], env=rank_env(free_port()), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "generation 1 [1.0, 1.0] timeout 0:30:00" in done.stdout  # torch's default for gloo, as env:// gave gen 0
@@ -194,7 +204,7 @@ def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the
         assert ranks[1].stdout.readline() == "sending\n"
         with pytest.raises(subprocess.TimeoutExpired):
             ranks[1].wait(timeout=2)  # blocked: nothing has failed
-        store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of a killed rank does
+        inprocess.counted(store, 1)  # what the keeper of a killed rank does
         out, _ = ranks[1].communicate(timeout=20)
         assert out.startswith("failed: "), out
     finally:
@@ -259,7 +269,7 @@ def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_gi
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert rank.stdout.readline() == "formed\n"
-        store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of a killed rank does
+        inprocess.counted(store, 1)  # what the keeper of a killed rank does
         out, err = rank.communicate(timeout=60)
     finally:
         rank.kill()
@@ -335,7 +345,7 @@ def test_a_rank_whose_receive_or_send_was_cut_mid_message_ends_without_waiting_o
         ranks[killed].wait()
         if cut == "receive":
             os.kill(ranks[0].pid, signal.SIGCONT)
-        store.set(inprocess.COUNTED_KEY.format(1), "1")  # what the keeper of the killed rank does
+        inprocess.counted(store, 1)  # what the keeper of the killed rank does
         started = time.monotonic()
         out, err = ranks[left].communicate(timeout=30)
         ended = time.monotonic() - started
@@ -356,7 +366,6 @@ def test_a_rank_whose_receive_or_send_was_cut_mid_message_ends_without_waiting_o
 def meet_all(store_port: int, starts: list[int], world: int | None = None, timeout_s: float = 30) -> list:
     """Ranks 0, 1, ... (threads, each with its own store client) meet from the generations `starts`, in a world
     of `world` ranks (all of them by default); what each returned or raised."""
-    import time
     from datetime import timedelta
 
     def one(rank: int, number: int) -> None:
@@ -376,9 +385,11 @@ def meet_all(store_port: int, starts: list[int], world: int | None = None, timeo
 
 
 @pytest.fixture
-def store():
-    """(the workers' store as rank 0's keeper hosts it, its port)"""
+def store(monkeypatch):
+    """(the workers' store as rank 0's keeper hosts it, its port); _meet sets this process's generation, undone after"""
     from datetime import timedelta
+
+    monkeypatch.setenv(INPROCESS_GENERATION_VAR, "0")
 
     port = free_port()
     host = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
@@ -390,8 +401,25 @@ def test_ranks_that_start_at_two_generations_counted_together_all_meet_at_the_ne
     # Two ranks died about together: two keepers counted 1 and 2. The survivors saw either count, and
     # each replacement starts at its own keeper's: all of them form one group, the newest generation's.
     host, port = store
-    host.add(inprocess.GENERATION_KEY, 2)
+    for _ in range(2):  # what each keeper does
+        inprocess.counted(host, int(host.add(inprocess.GENERATION_KEY, 1)))
     assert meet_all(port, [1, 2, 1, 2]) == [2, 2, 2, 2]
+
+
+def test_ranks_that_wait_at_a_generation_move_on_when_a_keeper_counts_the_next_one(store):
+    # Ranks 0 and 1 check in at generation 1 and wait (rank 2 never comes to it: it died meanwhile). Its keeper's
+    # count of generation 2 ends their meeting, not a poll of theirs: all three meet at 2.
+    host, port = store
+    inprocess.counted(host, int(host.add(inprocess.GENERATION_KEY, 1)))
+
+    def count_the_next() -> None:
+        time.sleep(1.0)
+        inprocess.counted(host, int(host.add(inprocess.GENERATION_KEY, 1)))
+
+    keeper = threading.Thread(target=count_the_next)
+    keeper.start()
+    assert meet_all(port, [1, 1, 2], timeout_s=20) == [2, 2, 2]
+    keeper.join()
 
 
 def test_ranks_of_one_generation_meet_at_it(store):
