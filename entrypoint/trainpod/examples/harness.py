@@ -179,12 +179,13 @@ def init_distributed(backend: str, device: torch.device) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
 
 
-def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
+def wrap(model: nn.Module, recipe: Recipe, device: torch.device, init_sync: bool = True) -> nn.Module:
     if recipe.parallel == "dp":
         # DataParallel splits each batch over the visible GPUs inside this one process.
         return nn.DataParallel(model) if device.type == "cuda" and torch.cuda.device_count() > 1 else model
     # A resumed run ends with the same bits as an uninterrupted one only if its gradients add up in the same order.
-    return distributed.reproducible_ddp(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return distributed.reproducible_ddp(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                       init_sync=init_sync)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -201,6 +202,14 @@ def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     if dist.get_world_size() > 1:
         dist.all_reduce(tensor)
     return tensor
+
+
+def broadcast_weights(model: nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank: what DDP's construction does unless told not to."""
+    if dist.get_world_size() > 1:
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                dist.broadcast(tensor, 0)
 
 
 def sync_buffers(model: nn.Module) -> None:
@@ -244,9 +253,11 @@ class TrainState:
     """What a checkpoint holds, and the checkpoint calls every rank makes together."""
 
     def __init__(self, recipe: Recipe, checkpointer: Checkpointer | None, stateful: dict, sampler, rank: int,
-                 feed: ElasticFeed | None = None, host_copy: inprocess.HostCopy | None = None):
+                 feed: ElasticFeed | None = None, host_copy: inprocess.HostCopy | None = None,
+                 device: torch.device | None = None):
         self.recipe, self.checkpointer, self.stateful = recipe, checkpointer, stateful
         self.sampler, self.rank, self.feed = sampler, rank, feed
+        self.device = device or torch.device("cpu")  # where the process group's collectives take their tensors
         self.host_copy = host_copy if checkpointer is not None else None  # every rank's, with in-process recovery
         self.fatal: CheckpointError | None = None  # rank 0: a save that no retry can fix, raised by the Checkpointer
         self.resumed: str | None = None  # the line that says which checkpoint resume() loaded
@@ -276,9 +287,13 @@ class TrainState:
         resumed, where = self._from_host_copy(), " (from this process's memory)"
         if resumed is None:
             resumed, where = (self.checkpointer.load_latest() if self.checkpointer else None), ""
-        if self.host_copy is not None and not self._same_everywhere(resumed[0] if resumed else 0, strict=False) and where:
-            resumed, where = self.checkpointer.load_latest(), ""  # the replacement found another: the disk decides
-        self._same_everywhere(resumed[0] if resumed else 0)
+        same = self._same_everywhere(resumed[0] if resumed else 0)
+        if not same and self.host_copy is not None:  # (every rank knows the same: all of them check again)
+            if where:  # the replacement found another checkpoint than this survivor's copy: the disk decides
+                resumed, where = self.checkpointer.load_latest(), ""
+            same = self._same_everywhere(resumed[0] if resumed else 0)
+        if not same:
+            raise self._different(resumed[0] if resumed else 0)
         if resumed is None:
             return 0, []
         step, state = resumed
@@ -317,22 +332,26 @@ class TrainState:
         progress.committed(copy.step)  # what this attempt starts from, as load_latest() reports it
         return copy.step, copy.restore()
 
-    def _same_everywhere(self, step: int, strict: bool = True) -> bool:
-        # Ranks that resumed from different checkpoints would train on diverging weights, or one
-        # would start over: a checkpoint directory that each node has for itself, not shared.
+    def _same_everywhere(self, step: int) -> bool:
+        """Whether every rank found the newest checkpoint at `step` (0: none). Ranks that resumed from different
+        checkpoints would train on diverging weights, or one would start over: a checkpoint directory that each
+        node has for itself, not shared. One all_reduce, of the greatest step and of the least (an in-process
+        recovery's time grows with each collective it makes, on a host with fewer cores than ranks)."""
         if self.checkpointer is None or not dist.is_initialized() or dist.get_world_size() == 1:
             return True
+        bounds = torch.tensor([step, -step], dtype=torch.int64, device=self.device)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+        return int(bounds[0]) == -int(bounds[1])
+
+    def _different(self, step: int) -> ConfigError:
+        """The error of ranks that found different newest checkpoints, naming each one's (every rank calls this)."""
         steps: list = [None] * dist.get_world_size()
         dist.all_gather_object(steps, step)
-        if len(set(steps)) > 1 and not strict:
-            return False
-        if len(set(steps)) > 1:
-            found = ", ".join(f"rank {r}: {s or 'none'}" for r, s in enumerate(steps))
-            raise ConfigError(f"the ranks found different newest checkpoints in {self.checkpointer.directory} ({found}): "
-                              "--checkpoint-dir must be one directory shared by every node (a shared volume or "
-                              "file system), or a local one per node with each checkpoint in the nodes' memory too "
-                              "(trainpod run --peer-copies)")
-        return True
+        found = ", ".join(f"rank {r}: {s or 'none'}" for r, s in enumerate(steps))
+        return ConfigError(f"the ranks found different newest checkpoints in {self.checkpointer.directory} ({found}): "
+                           "--checkpoint-dir must be one directory shared by every node (a shared volume or "
+                           "file system), or a local one per node with each checkpoint in the nodes' memory too "
+                           "(trainpod run --peer-copies)")
 
     def save(self, step: int, loss_curve: list) -> None:
         """Every rank's RNG state goes into rank 0's checkpoint: a collective, so every rank calls this."""
@@ -461,7 +480,12 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
             # DataParallel syncs nothing between processes: a bigger world would train diverging copies.
             raise ConfigError(f"{recipe.name} runs as one process (DataParallel), but the world has {world}: "
                               "launch it with --nproc-per-node 1 on one node, or use cifar10-ddp")
-        model = wrap(recipe.model(args, data, path).to(device), recipe, device)
+        # A group re-formed in-process (generation 1 on: the same on every rank of it) restores a checkpoint right
+        # after, on every rank the same (resume() checks): DDP's own check and broadcast of the weights as it is
+        # made would be overwritten at once, and each collective of a recovery costs it time on a host with fewer
+        # cores than ranks. With no checkpoint to restore, rank 0's weights are broadcast after resume() instead.
+        reformed = inprocess.generation() > 0
+        model = wrap(recipe.model(args, data, path).to(device), recipe, device, init_sync=not reformed)
         progress.measure(model)  # each step's own work, for the agent's straggler watch
         optimizer = path.optimizer(args.optimizer, model.parameters(), args.lr)
         loss_fn = nn.CrossEntropyLoss()
@@ -480,8 +504,10 @@ def train(recipe: Recipe, args: Values, grace: float, started: float, run: Proce
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total_steps))
         scaler = path.grad_scaler()
         stateful = {"model": unwrap(model), "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-        state = TrainState(recipe, checkpointer, stateful, sampler, rank, feed, run.host_copy)
+        state = TrainState(recipe, checkpointer, stateful, sampler, rank, feed, run.host_copy, device)
         step, loss_curve = state.resume()
+        if reformed and not step:
+            broadcast_weights(unwrap(model))
         first_epoch = sampler.state_dict()["epoch"] if step else 1
         if feed is not None:
             total_steps = step + feed.remaining_steps(args.epochs, args.batch_size)  # at this world

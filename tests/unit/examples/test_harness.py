@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainpod.errors import ConfigError  # noqa: E402
-from trainpod.examples import cifar10, harness  # noqa: E402
+from trainpod.examples import cifar10, harness, reporting  # noqa: E402
 from trainpod.train.checkpoint import Checkpointer  # noqa: E402
 from trainpod.train.preemption import GRACE_VAR  # noqa: E402
 from trainpod.train.rng import rng_state  # noqa: E402
@@ -232,6 +232,72 @@ def test_ranks_that_found_different_newest_checkpoints_all_stop_with_78(tmp_path
     for outcome in outcomes:
         assert outcome.startswith("78 the ranks found different newest checkpoints"), outcome
         assert "rank 0: none, rank 1: 8" in outcome and "--checkpoint-dir must be one directory shared" in outcome
+
+
+def weights_of_a_reformed_group(rank: int, directory: str, results: str) -> None:
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from trainpod.train import distributed
+
+    dist.init_process_group("gloo", init_method=f"file://{directory}/pg", rank=rank, world_size=2)
+    torch.manual_seed(rank)  # each rank's own weights, as a script that seeds per rank would make
+    model = harness.wrap(cifar10.make_model(), cifar10.RECIPE, torch.device("cpu"), init_sync=False)
+    made = reporting.state_dict_checksum(harness.unwrap(model).state_dict())
+    harness.broadcast_weights(harness.unwrap(model))
+    Path(results, f"{rank}.txt").write_text(f"{made} {reporting.state_dict_checksum(harness.unwrap(model).state_dict())}")
+    distributed.shutdown()
+
+
+def test_a_reformed_group_with_no_checkpoint_to_restore_trains_from_rank_0s_weights(tmp_path):
+    # A group re-formed in-process makes its DDP model without DDP's broadcast (init_sync=False); where no
+    # checkpoint is restored after, the harness broadcasts rank 0's weights itself.
+    import torch.multiprocessing as mp
+
+    mp.spawn(weights_of_a_reformed_group, args=(str(tmp_path), str(tmp_path)), nprocs=2, join=True)
+    (made0, after0), (made1, after1) = ((tmp_path / f"{rank}.txt").read_text().split() for rank in (0, 1))
+    assert made0 != made1  # DDP left each rank's own weights
+    assert after0 == after1 == made0  # rank 0's, everywhere
+
+
+def resume_a_survivor_and_a_replacement(rank: int, directory: str, results: str) -> None:
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from trainpod.train import distributed, inprocess
+    from trainpod.train.checkpoint import files
+
+    dist.init_process_group("gloo", init_method=f"file://{directory}/pg", rank=rank, world_size=2)
+    stateful, sampler = training_state(0, scaler_enabled=False)
+    shared = Path(directory) / "ckpt"
+    copy = inprocess.HostCopy()  # the replacement's (rank 1) is empty, as a new process's
+    if rank == 0:  # the survivor saved steps 4 and 8 and kept 8 in memory; 8 went bad on the disk since
+        with Checkpointer(shared, log=lambda _: None) as checkpointer:
+            for step in (4, 8):
+                state = {name: obj.state_dict() for name, obj in stateful.items()}
+                state = {**state, "sampler": sampler.state_dict(), "rng": [rng_state()] * 2, "loss_curve": [[step, 1.0]]}
+                checkpointer.save(step, state)
+        copy.keep(8, state)
+        data = shared / files.data_name(8)
+        data.write_bytes(b"x" + data.read_bytes()[1:])
+    dist.barrier()
+    state = harness.TrainState(cifar10.RECIPE, Checkpointer(shared, log=lambda _: None), stateful, sampler, rank,
+                               host_copy=copy)
+    step, curve = state.resume()
+    Path(results, f"{rank}.txt").write_text(f"{step} {curve} {state.resumed}")
+    distributed.shutdown()
+
+
+def test_a_survivor_whose_copy_the_replacement_could_not_load_resumes_with_it_from_the_disk(tmp_path):
+    # In-process recovery: the survivor's copy in memory is of step 8, the newest manifest, but the replacement
+    # found step 8 corrupt and loaded 4: the ranks' steps differ, and the survivor goes to the disk too.
+    import torch.multiprocessing as mp
+
+    mp.spawn(resume_a_survivor_and_a_replacement, args=(str(tmp_path), str(tmp_path)), nprocs=2, join=True)
+    outcomes = [(tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)]
+    assert outcomes[0] == outcomes[1] == "4 [[4, 1.0]] cifar10-ddp: resumed from the checkpoint of step 4 (epoch 0)", outcomes
 
 
 def test_a_rank_the_checkpoint_had_no_rng_state_for_takes_rank_0s(tmp_path):
