@@ -208,8 +208,9 @@ def broadcast_weights(model: nn.Module) -> None:
     """Rank 0's parameters and buffers on every rank: what DDP's construction does unless told not to."""
     if dist.get_world_size() > 1:
         with torch.no_grad():
-            for tensor in (*model.parameters(), *model.buffers()):
-                dist.broadcast(tensor, 0)
+            for parameter in model.parameters():
+                dist.broadcast(parameter, 0)
+        sync_buffers(model)
 
 
 def sync_buffers(model: nn.Module) -> None:
@@ -287,13 +288,13 @@ class TrainState:
         resumed, where = self._from_host_copy(), " (from this process's memory)"
         if resumed is None:
             resumed, where = (self.checkpointer.load_latest() if self.checkpointer else None), ""
-        same = self._same_everywhere(resumed[0] if resumed else 0)
+        same = self._same_everywhere(resumed)
         if not same and self.host_copy is not None:  # (every rank knows the same: all of them check again)
             if where:  # the replacement found another checkpoint than this survivor's copy: the disk decides
                 resumed, where = self.checkpointer.load_latest(), ""
-            same = self._same_everywhere(resumed[0] if resumed else 0)
+            same = self._same_everywhere(resumed)
         if not same:
-            raise self._different(resumed[0] if resumed else 0)
+            raise self._different(resumed)
         if resumed is None:
             return 0, []
         step, state = resumed
@@ -332,21 +333,22 @@ class TrainState:
         progress.committed(copy.step)  # what this attempt starts from, as load_latest() reports it
         return copy.step, copy.restore()
 
-    def _same_everywhere(self, step: int) -> bool:
-        """Whether every rank found the newest checkpoint at `step` (0: none). Ranks that resumed from different
+    def _same_everywhere(self, resumed: tuple[int, Any] | None) -> bool:
+        """Whether every rank found the newest checkpoint at the same step (`resumed`'s; none: 0). Ranks that resumed from different
         checkpoints would train on diverging weights, or one would start over: a checkpoint directory that each
         node has for itself, not shared. One all_reduce, of the greatest step and of the least (an in-process
         recovery's time grows with each collective it makes, on a host with fewer cores than ranks)."""
         if self.checkpointer is None or not dist.is_initialized() or dist.get_world_size() == 1:
             return True
+        step = resumed[0] if resumed else 0
         bounds = torch.tensor([step, -step], dtype=torch.int64, device=self.device)
         dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
         return int(bounds[0]) == -int(bounds[1])
 
-    def _different(self, step: int) -> ConfigError:
+    def _different(self, resumed: tuple[int, Any] | None) -> ConfigError:
         """The error of ranks that found different newest checkpoints, naming each one's (every rank calls this)."""
         steps: list = [None] * dist.get_world_size()
-        dist.all_gather_object(steps, step)
+        dist.all_gather_object(steps, resumed[0] if resumed else 0)
         found = ", ".join(f"rank {r}: {s or 'none'}" for r, s in enumerate(steps))
         return ConfigError(f"the ranks found different newest checkpoints in {self.checkpointer.directory} ({found}): "
                            "--checkpoint-dir must be one directory shared by every node (a shared volume or "
