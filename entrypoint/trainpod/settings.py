@@ -392,7 +392,12 @@ class _BooleanOptional(_Noted, argparse.BooleanOptionalAction):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 64 (UsageError), not a usage dump and 2."""
+    """argparse, but a usage error is one line and exit code 64 (UsageError), not a usage dump and 2; and a flag is
+    its whole name: argparse's default takes `--max-restart` for `--max-restarts`, so a script that worked would
+    stop at its next release when a flag sharing the prefix comes, or mean another flag than it says."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}")

@@ -95,6 +95,9 @@ def test_parse_args_derives_flags_help_and_switches(capsys):
     # each as a shell word: an empty argument, or one holding a space, is seen (argparse joins them with spaces)
     with pytest.raises(UsageError, match="^prog: unrecognized arguments: '' 'a b' x$"):
         settings.parse_args("prog", "", table, ["", "a b", "x"], {})
+    # a flag is its whole name: an abbreviation would mean whichever flag shares the prefix in this release
+    with pytest.raises(UsageError, match="^prog: unrecognized arguments: --max-restart 2$"):
+        settings.parse_args("prog", "", table, ["--max-restart", "2"], {})
     with pytest.raises(SystemExit):
         settings.parse_args("prog", "", table, ["--help"], {})
     assert "restarts (default 3; env TRAINPOD_MAX_RESTARTS)" in " ".join(capsys.readouterr().out.split())

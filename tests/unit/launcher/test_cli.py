@@ -127,6 +127,8 @@ def test_a_flag_given_again_with_another_value_is_a_warning_and_the_last_one_cou
     ["explain", "--master-port", "70000"],
     ["examples", "--", "x"],
     ["run", "--max-restarts", "-1", "--", "true"],
+    ["explain", "--nnode", "1"],  # a flag is its whole name (settings.ArgumentParser)
+    ["job", "slurm", "cifar10-ddp", "--node", "2"],
 ])
 def test_usage_errors_exit_64(args):
     one_line_error(here(*args), 64)
@@ -330,6 +332,7 @@ def test_a_command_that_is_not_there_is_64_before_any_rank_starts(tmp_path):
     (["--", "--max-steps", "-5"], {}, 64, "cifar10-ddp: --max-steps='-5': expected an integer >= 1"),
     ([], {"TRAINPOD_CHECKPOINT_EVERY": "0"}, 78, "cifar10-ddp: TRAINPOD_CHECKPOINT_EVERY='0': expected an integer >= 1"),
     (["--", "--epochs", "2", "--bogus"], {}, 64, "cifar10-ddp: unrecognized arguments: --bogus"),
+    (["--", "--epoch", "2"], {}, 64, "cifar10-ddp: unrecognized arguments: --epoch 2"),
 ])
 def test_a_bad_example_argument_or_variable_is_one_line_before_anything_starts(args, env, code, says):
     # The example's own options, checked by the launcher as its ranks would (trainpod.examples.options): every node
