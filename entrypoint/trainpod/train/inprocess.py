@@ -78,6 +78,7 @@ ORPHANED = {"gloo::transport::tcp::UnboundBuffer::waitRecv": "a receive",
             "gloo::transport::tcp::UnboundBuffer::waitSend": "a send"}
 _SPY_S = 10.0  # how long py-spy may take to read this process's stacks (longer on a loaded machine; not STUCK_S, which tests set low)
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
+_EXPIRY_GRACE_S = 10.0  # a meeting's wait lasts this much past its deadline, for a rank to decide it expired (_meet)
 
 _declared: Any = None  # set by trainpod.agent.keeper in the forked rank: a shared byte the rank sets to say it recovers
 _links: list[tuple[int, int]] = []  # (fd, socket inode) of this rank's connections to its group's peers
@@ -431,7 +432,10 @@ def _meet(store, number: int, rank: int, world: int, deadline: float) -> int:
     last rank arrived is left, and every rank moves on to the newest. Which of the two happened first (the
     last arrival, or the count) is decided once, in the store (compare_set on the meeting's outcome, by the
     last rank to arrive or by the keeper that counts the next generation: counted()), so that no rank forms
-    a group that the others left; every rank waits for that outcome, and polls nothing."""
+    a group that the others left; every rank waits for that outcome, and polls nothing. A meeting that is not
+    whole by the deadline is decided the same way, as expired, by the first rank whose deadline passes
+    (_expire_at): every rank's wait ends with that outcome, rather than timing out in c10d, which says so in
+    two warning lines of its own before this rank's one line."""
     from torch.distributed import DistStoreError
 
     while True:
@@ -443,15 +447,34 @@ def _meet(store, number: int, rank: int, world: int, deadline: float) -> int:
         if int(store.add(f"{meeting}/arrived", 1)) >= world:  # the last to arrive (one that arrived may have died since)
             newer = int(store.add(GENERATION_KEY, 0)) > number
             store.compare_set(f"{meeting}/outcome", "", "left" if newer else "formed")
+        expiry = _expire_at(store, f"{meeting}/outcome", deadline)
         try:
-            store.wait([f"{meeting}/outcome"], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
-        except DistStoreError:  # the wait timed out (a store that went away is a DistNetworkError, and goes up)
+            store.wait([f"{meeting}/outcome"], timedelta(seconds=max(deadline - time.monotonic(), 0) + _EXPIRY_GRACE_S))
+            outcome = store.get(f"{meeting}/outcome")
+        except DistStoreError:  # no rank could expire it (a store that went away is a DistNetworkError, and goes up)
+            outcome = b"expired"
+        finally:
+            expiry.cancel()
+        if outcome == b"formed":
+            return number
+        if outcome == b"expired":
             missing = [r for r in range(world) if not store.check([f"{meeting}/rank{r}"])]
             raise NotFormed(f"generation {number} did not form within {REFORM_TIMEOUT_S:g}s: rank(s) "
-                            f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} did not come") from None
-        if store.get(f"{meeting}/outcome") == b"formed":
-            return number
+                            f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} did not come")
         number = max(int(store.add(GENERATION_KEY, 0)), number + 1)  # left: a newer generation was counted
+
+
+def _expire_at(store, outcome: str, deadline: float) -> threading.Timer:
+    """At `deadline`, decide the meeting's `outcome` as expired unless it was decided: from a timer with a client
+    of its own (Store.clone()), since the rank waits on the one it was given."""
+    def expire() -> None:
+        with contextlib.suppress(Exception):  # the store went away: the rank's wait fails on its own, or times out
+            store.clone().compare_set(outcome, "", "expired")
+
+    timer = threading.Timer(max(deadline - time.monotonic(), 0), expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def counted(store, number: int) -> None:
