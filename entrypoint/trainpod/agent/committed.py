@@ -27,6 +27,18 @@ POLL_S = 1.0
 FRESH_WAIT_S = 3.0  # at a failure: how long to wait for a fresh look at the store
 
 
+def own_client(store):
+    """A client of `store` for a thread that polls it (torch's Store.clone(): a connection of its own). Requests on
+    one client wait for each other, and the agent's main thread waits on the job's store for as long as the slowest
+    node takes (torch's rank assignment after a round, its exit barrier): a poll on its client waited as long,
+    and saw a stop, or the master's liveness, only then. Where there is none (a store of Python's, like etcd-v3's,
+    which waits by polling and holds nothing; a store that went away a moment ago), the same store."""
+    try:
+        return store.clone()
+    except Exception:
+        return store
+
+
 class SharedCommitted:
     """This node's newest committed step, published; the job's, read (the module docstring)."""
 

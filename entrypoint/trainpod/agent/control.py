@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 
 from trainpod import log
-from trainpod.agent.committed import SharedCommitted
+from trainpod.agent.committed import SharedCommitted, own_client
 
 STOP_KEY = "trainpod/stop"
 SEEN_KEY = "trainpod/stop/seen"
@@ -61,9 +61,10 @@ class JobControl:
 
     def __init__(self, store, *, node_rank: int, nnodes: int, is_host: bool, master: tuple[str, int],
                  committed=lambda: -1, say: log.Log | None = None):
-        self.store = store
+        self.store = own_client(store)  # not the agent's: its waits would hold this thread's polls
+        self._host = store  # ... which on node 0 is the store's server too: it serves while this control lives
         self.node_rank, self.nnodes, self.is_host, self.master = node_rank, nnodes, is_host, master
-        self.committed = SharedCommitted(store, committed)  # published on this thread's polls
+        self.committed = SharedCommitted(self.store, committed)  # published on this thread's polls
         self._say = say or log.writer(node_rank)
         self.stop: Stop | None = None  # the first stop this node saw or announced
         self.announced = False

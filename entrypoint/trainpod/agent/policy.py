@@ -93,7 +93,7 @@ from pathlib import Path
 
 from trainpod import log
 from trainpod.agent import consistency, devcheck, hangwatch, metrics, netcheck, peercopy, round_gather, survivors, warm, zygote
-from trainpod.agent.committed import SharedCommitted
+from trainpod.agent.committed import SharedCommitted, own_client
 from trainpod.agent.control import PROBE_WAIT_S, JobControl, Stop, wait_for_port
 from trainpod.contract import INPROCESS_MAX_VAR, PROGRESS_DIR, PROGRESS_DIR_VAR, SUPERVISOR_DIR_VAR
 from trainpod.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
@@ -299,7 +299,8 @@ class AgentPolicy:
         self.run_store = exclusions.job_store(spec.rdzv_handler) if self.elastic else None
         self.committed: SharedCommitted | None = None
         if self.run_store is not None and self.nnodes > 1:
-            self.committed = SharedCommitted(self.run_store, lambda: restarts.reported(self._progress_dir)[0]).start()
+            self.committed = SharedCommitted(own_client(self.run_store),
+                                             lambda: restarts.reported(self._progress_dir)[0]).start()
         self.copies = self._copy_server(spec.rdzv_handler) if run.peer_copies else None  # --peer-copies
 
     def _job_address(self) -> str | None:

@@ -1,5 +1,7 @@
 """The stop key in the rendezvous store: one node stops, every node learns it; a lost master is noticed."""
 
+import contextlib
+import threading
 import time
 
 import pytest
@@ -53,6 +55,7 @@ def test_node_zero_keeps_the_store_up_at_most_the_bound_when_nobody_acknowledges
     node0.close()
 
 
+@pytest.mark.slow
 def test_the_committed_step_of_the_writers_node_reaches_the_others():
     committed = [-1]
     (node0, node1), _ = nodes(free_port(), committed=(lambda: committed[0], lambda: 4))
@@ -65,6 +68,7 @@ def test_the_committed_step_of_the_writers_node_reaches_the_others():
         node1.close()
 
 
+@pytest.mark.slow
 def test_a_master_that_went_away_is_noticed_and_waited_for_a_bounded_time():
     port = free_port()
     with store_host(port) as server:
@@ -78,6 +82,37 @@ def test_a_master_that_went_away_is_noticed_and_waited_for_a_bounded_time():
         assert not control.wait_for_port(node1.master, 1.5)
         assert 1.4 <= time.monotonic() - started < 10  # the bound, not a wait without end
         node1.close()
+
+
+@pytest.mark.slow
+def test_a_stop_is_seen_while_the_agent_waits_on_the_same_store_for_another_node():
+    # The agent's main thread waits on the job's store as long as the slowest node takes (torch's rank assignment
+    # after a round, its exit barrier). Node 1's control was given that client: its polls must not queue behind the
+    # wait, or node 0's stop (and the master's liveness) reach it only once the wait is over.
+    port = free_port()
+    node0 = JobControl(store(port, host=True), node_rank=0, nnodes=2, is_host=True, master=("127.0.0.1", port),
+                       say=lambda line: None)
+    agents = store(port)
+    node1 = JobControl(agents, node_rank=1, nnodes=2, is_host=False, master=("127.0.0.1", port), say=lambda line: None)
+    waited = threading.Thread(target=_wait, args=(agents, 8))
+    try:
+        waited.start()
+        time.sleep(0.5)  # the wait is on: a request on its client would queue behind it
+        stop = node0.announce(143, "node 0 received SIGTERM")
+        until(lambda: node1.stop is not None, timeout=6)  # its polls, once a second, not after the 8 s wait
+        assert node1.stop == stop and waited.is_alive()
+        assert node1.unreachable_s() == 0
+    finally:
+        waited.join()
+        node1.close()
+        node0.close()
+
+
+def _wait(client, seconds: float) -> None:
+    from datetime import timedelta
+
+    with contextlib.suppress(Exception):  # the wait times out: nobody sets the key
+        client.wait(["trainpod/test/never"], timedelta(seconds=seconds))
 
 
 def test_a_fresh_look_after_a_failure_finds_a_stop_set_a_moment_ago():
