@@ -284,8 +284,9 @@ lint: docs ## ruff, hadolint, and the manual's strict build (make docs)
 docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict -d build/site
 
-# The test suite in layers (issue 25), each on several processes (pytest-xdist): the unit tests first, stopping at
-# the first failure (-x; worksteal evens out their long tail); then the integration tests. The tests that share a
+# The test suite in layers (issue 25), each on several processes (pytest-xdist): the quick unit tests first, then
+# the unit tests that take seconds (pytest.mark.slow: a job, processes, a store, timers), each stopping at the first
+# failure (-x; worksteal evens out their long tail); then the integration tests. The tests that share a
 # module fixture, a compose cluster or a subnet run on one worker, one after another (pytest.mark.xdist_group,
 # --dist loadgroup). Measured on 2 cores (docs/results.md, "The test suite"): 4 unit workers beat 3, which left the
 # cores idle a fifth of the time while tests waited on timers and processes. 3 integration workers: 2 leave the cores idle while
@@ -296,8 +297,9 @@ docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 UNIT_WORKERS ?= 4
 INTEGRATION_WORKERS ?= 3
 PYTEST_ARGS ?=
-test: setup images lint ## provision, build the images, lint, then the unit tests, then the integration tests (but the CUDA images')
-	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not cuda_images" $(PYTEST_ARGS)
+test: setup images lint ## provision, build the images, lint, then the quick unit tests, the slow ones, the integration tests (but the CUDA images')
+	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not slow and not cuda_images" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "slow and not cuda_images" $(PYTEST_ARGS)
 	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not cuda_images" \
 		--durations=25 $(PYTEST_ARGS)
 

@@ -49,3 +49,24 @@ def _rendezvous_heartbeats_end_with_their_test():
         if thread.name.startswith("RendezvousKeepAliveTimer_") and hasattr(context, "stop_event"):
             context.stop_event.set()
             thread.join(10)
+
+
+# The quick layer (make test's first: `-m "not slow"`) stays quick only while every test that takes seconds is marked
+# slow; the machines are too noisy for a timed assertion, so its end names the ones that took QUICK_S or more.
+QUICK_S = 3.0
+_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration  # setup, call and teardown
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if os.environ.get("PYTEST_XDIST_WORKER") or "not slow" not in (config.option.markexpr or ""):
+        return
+    long = sorted((seconds, nodeid) for nodeid, seconds in _seconds.items() if seconds >= QUICK_S)
+    if long:
+        terminalreporter.write_sep("=", f"{len(long)} test(s) of the quick layer took {QUICK_S:g} s or more: "
+                                        "mark them @pytest.mark.slow (tests/README.md)")
+        for seconds, nodeid in reversed(long):
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")

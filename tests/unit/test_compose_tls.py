@@ -52,6 +52,7 @@ def test_every_member_and_trainer_speaks_tls_with_the_volumes_certificates():
         assert set(trainer["depends_on"]) == {"etcd0", "etcd1", "etcd2"}  # compose.yaml's, kept
 
 
+@pytest.mark.slow
 def test_its_certificates_serve_a_real_etcd_and_the_trainers_preflight(tmp_path):
     """make-certs.sh (openssl), then one etcd member with them as the profile configures it (client and peer
     TLS, client certificates required) and trainpod's check with the trainers' files."""

@@ -6,6 +6,8 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from trainpod import contract, errors
 from trainpod.runspec import RUN_SETTINGS, RunSpec, Target
 from trainpod.topology import Topology
@@ -25,6 +27,7 @@ def literal_names() -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_trainpod_variable_is_written_in_one_module():
     shared = {name: sorted(modules) for name, modules in literal_names().items() if len(modules) > 1}
     assert not shared, f"TRAINPOD_* names written as literals in several modules (name them once, in trainpod.contract " \

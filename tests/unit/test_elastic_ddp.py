@@ -56,6 +56,7 @@ def test_world_3_then_2_after_a_failure_trains_each_sample_once(tmp_path):
         torch.testing.assert_close(final["model"][name], value, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_an_empty_batch_trains_nothing_through_resnet50():
     # What a rank with no sample left in an epoch's last step does with the examples' model.
     from trainpod.examples.resnet import resnet50

@@ -31,6 +31,7 @@ def save_three(directory: Path, spec: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SAVE, str(directory)], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_checkpoint_write_kills_mid_write_once_and_the_previous_checkpoint_stays(tmp_path):
     first = save_three(tmp_path, "checkpoint-write@2")
     assert first.returncode == -signal.SIGKILL, first.stderr

@@ -102,6 +102,7 @@ def test_every_environment_is_fuzzed():
     assert set(ENVS) == set(environments.REGISTRY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", sorted(environments.REGISTRY))
 @FUZZ
 @given(data=st.data())
@@ -124,6 +125,7 @@ TOPOLOGY_FLAGS = ["nnodes", "node_rank", "nproc_per_node", "master_addr", "maste
                   "rdzv_endpoint", "rdzv_id", "rdzv_conf", "source"]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(env=st.one_of(*ENVS.values()), flags=st.dictionaries(st.sampled_from(TOPOLOGY_FLAGS), VALUE, max_size=4))
 def test_the_whole_resolution_never_raises_anything_but_one_line(env, flags):
@@ -169,6 +171,7 @@ def job_request(draw, scheduler):
     return example, flags, env, draw(st.lists(arg, max_size=4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", sorted(jobs.REGISTRY))
 @FUZZ
 @given(data=st.data())
@@ -185,6 +188,7 @@ def test_a_job_renderer_never_raises_anything_but_one_line(scheduler, data):
         assert text.isascii()  # YAML written in ASCII, the header too
 
 
+@pytest.mark.slow
 @FUZZ
 @given(identity=ANY, known_hosts=ANY, auth_sock=st.sampled_from(["", "/tmp/agent.sock"]))
 def test_the_ssh_key_files_never_raise_anything_but_one_line(identity, known_hosts, auth_sock):

@@ -45,6 +45,7 @@ def files_under(tree: Path) -> set[str]:
     return {"/" + str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() or p.is_symlink()}
 
 
+@pytest.mark.slow
 def test_the_venv_splits_into_layers_that_add_up_to_it(venv, tmp_path):
     root, site = venv
     script, python = str(REPO / "images" / "venv-layers.py"), str(root / "bin" / "python")
@@ -71,6 +72,7 @@ def test_the_venv_splits_into_layers_that_add_up_to_it(venv, tmp_path):
     assert (layers / "venv" / str(root / "bin/python").lstrip("/")).is_symlink()
 
 
+@pytest.mark.slow
 def test_a_group_with_no_distribution_is_a_tree_with_its_manifest_only(venv, tmp_path):
     # Never an empty tree: Docker's classic builder fails the COPY after a COPY of an empty folder.
     root, _ = venv
@@ -83,6 +85,7 @@ def wheel_cache(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "scripts" / "wheel-cache.py"), *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_the_wheel_cache_seeds_only_pinned_wheels_and_keeps_new_ones(tmp_path):
     cache, house = tmp_path / "cache", tmp_path / "house"
     cache.mkdir()

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "entrypoint" / "trainpod"
 ROOMS = ("launcher", "supervisor", "agent", "train")
 # Subpackages that are not a process's room: cluster sources, rendezvous backends, schedulers, examples.
@@ -107,6 +109,7 @@ def test_every_room_and_subpackage_exists_and_nothing_else_sits_in_a_directory_o
     assert directories == set(ROOMS + SUBPACKAGES)
 
 
+@pytest.mark.slow
 def test_no_module_imports_itself_back():
     assert cycles(graph()) == []
 
@@ -115,12 +118,14 @@ def test_the_cycle_finder_finds_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+@pytest.mark.slow
 def test_a_training_scripts_library_imports_only_the_shared_modules():
     wrong = {f"{module} -> {other}" for module, targets in graph().items() if room(module) == "train"
              for other in targets if room(other) != "shared" and room(other) != "train"}  # fmt: skip
     assert not wrong, sorted(wrong)
 
 
+@pytest.mark.slow
 def test_the_shared_modules_import_no_rooms_code():
     wrong = {f"{module} -> {other}" for module, targets in graph().items() if room(module) == "shared"
              for other in targets if room(other) in ROOMS}  # fmt: skip

@@ -67,6 +67,7 @@ def test_a_waiting_node_polls_the_rendezvous_faster_than_torchs_second_and_skews
     assert slept == [0.04, 0.04, 0.5]
 
 
+@pytest.mark.slow
 def test_each_rendezvous_round_gives_the_workers_a_new_store_hosted_by_the_agent(monkeypatch):
     # torch's handler keeps its first round's workers' store for the agent's life: restarted ranks read the
     # dead ones' keys (pytorch#135712). Each round here has a new one, and the last round's closes.

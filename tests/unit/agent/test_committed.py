@@ -42,6 +42,7 @@ def run_store(request):
                                                                                                 timeout=30))) for _ in range(2))
 
 
+@pytest.mark.slow
 def test_the_saving_node_s_commit_reaches_the_other_node_and_an_older_one_never_lowers_it(run_store):
     saving, other = [-1], [-1]
     node0 = SharedCommitted(run_store[0], lambda: saving[0]).start(poll_s=0.05)
@@ -69,6 +70,7 @@ def test_a_fresh_look_at_a_failure_finds_a_commit_the_thread_has_not_polled_yet(
     assert other.job == -1 and other.fresh() == 12  # no poll since: the failure's own look finds it
 
 
+@pytest.mark.slow
 def test_a_store_that_stopped_answering_holds_a_failure_at_most_the_fresh_look_s_bound():
     port = free_port()
     with store_host(port, timeout_s=60) as server:

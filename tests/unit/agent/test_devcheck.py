@@ -304,6 +304,7 @@ def test_measure_without_torch_or_cuda_checks_nothing(monkeypatch):
     assert devcheck.measure().note == "nothing checked: torch is not installed"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a host with CUDA checks its GPUs")
 def test_run_on_a_cpu_host_checks_nothing_through_the_child(tmp_path, monkeypatch):
     # No timed assertion (a loaded host took 30 s to import torch): failed == "" says the child ended in its time.

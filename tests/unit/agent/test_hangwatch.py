@@ -43,6 +43,7 @@ def ranks(tmp_path):
         process.wait()
 
 
+@pytest.mark.slow
 def test_a_waiting_rank_and_an_idle_one_make_a_verdict_both_are_killed_and_their_stacks_written(ranks, tmp_path):
     lines = []
     env = {"TRAINPOD_PROGRESS_DIR": str(tmp_path / "progress"), "TRAINPOD_OUTPUT_DIR": str(tmp_path / "out")}
@@ -69,6 +70,7 @@ def test_a_waiting_rank_and_an_idle_one_make_a_verdict_both_are_killed_and_their
     assert [v["rank"] for v in summary["behind"]] == [7]
 
 
+@pytest.mark.slow
 def test_a_one_rank_job_idle_outside_a_collective_is_named_and_killed_after_the_timeout(tmp_path):
     rank = spawn(SLEEPER)
     try:
@@ -92,6 +94,7 @@ def test_a_one_rank_job_idle_outside_a_collective_is_named_and_killed_after_the_
         rank.wait()
 
 
+@pytest.mark.slow
 def test_busy_ranks_make_no_verdict(tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:

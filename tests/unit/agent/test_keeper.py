@@ -100,6 +100,7 @@ def sleeping_keeper(tmp_path) -> subprocess.Popen:
     return process
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_forked_again_in_the_next_generation_and_the_keeper_ends_as_it_did(tmp_path):
     code, err, ranks = run_keeper(tmp_path, "once")
     assert code == 0, err
@@ -111,6 +112,7 @@ def test_a_killed_rank_is_forked_again_in_the_next_generation_and_the_keeper_end
     assert (tmp_path / "title").read_text() == "keeper0"
 
 
+@pytest.mark.slow
 def test_rank_0s_keeper_forks_with_one_thread_and_its_store_serves_from_a_child_that_ends_with_it(tmp_path):
     # A TCPStore serves on a thread of its own. A keeper with that thread could fork a replacement that
     # holds a copy of a lock the thread held, and hangs: the store is a child.
@@ -130,6 +132,7 @@ def test_rank_0s_keeper_forks_with_one_thread_and_its_store_serves_from_a_child_
     store[0].wait(timeout=10)  # gone with its keeper
 
 
+@pytest.mark.slow
 def test_where_the_agent_hosts_the_store_rank_0s_keeper_hosts_none_and_counts_the_generation_there(tmp_path):
     from datetime import timedelta
 
@@ -143,12 +146,14 @@ def test_where_the_agent_hosts_the_store_rank_0s_keeper_hosts_none_and_counts_th
     assert int(agents.add(keeper.inprocess.GENERATION_KEY, 0)) == 1  # counted in the agent's store
 
 
+@pytest.mark.slow
 def test_replacements_stop_at_the_limit_and_the_keeper_dies_by_the_ranks_signal(tmp_path):
     code, err, ranks = run_keeper(tmp_path, "always", limit="2")
     assert code == -signal.SIGKILL, err
     assert [r[0] for r in ranks] == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_a_rank_that_cannot_recover_or_exits_with_a_code_is_not_replaced(tmp_path):
     code, err, ranks = run_keeper(tmp_path, "undeclared")
     assert (code, len(ranks)) == (-signal.SIGKILL, 1), err
@@ -157,6 +162,7 @@ def test_a_rank_that_cannot_recover_or_exits_with_a_code_is_not_replaced(tmp_pat
     assert (code, len(ranks)) == (3, 1), err
 
 
+@pytest.mark.slow
 def test_a_stop_request_reaches_the_rank_and_ends_both(tmp_path):
     process = sleeping_keeper(tmp_path)
     process.send_signal(signal.SIGTERM)
@@ -164,6 +170,7 @@ def test_a_stop_request_reaches_the_rank_and_ends_both(tmp_path):
     assert len((tmp_path / "ranks").read_text().splitlines()) == 1  # not replaced
 
 
+@pytest.mark.slow
 def test_a_store_that_cannot_listen_ends_rank_0s_keeper_with_one_line_before_any_rank(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -175,6 +182,7 @@ def test_a_store_that_cannot_listen_ends_rank_0s_keeper_with_one_line_before_any
     assert "did not start: " in lines[0] and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_without_rank_0s_keeper_and_its_store_a_killed_rank_is_not_replaced(tmp_path):
     code, err, ranks = run_keeper(tmp_path, "once", rank=1)  # rank 1's keeper: no store answers at MASTER_PORT
     assert (code, len(ranks)) == (-signal.SIGKILL, 1), err

@@ -143,6 +143,7 @@ def test_a_skipped_all_reduce_names_nobody_is_said_and_the_rings_name_the_slow_l
     assert list(found.named) == [1] and "carries 0.001 Gbit/s, below --min-bandwidth 0.5" in found.line, found.line
 
 
+@pytest.mark.slow
 def test_gloo_s_own_timeout_is_told_from_a_peer_that_never_connected():
     """Real gloo over loopback: a peer that connected and then sent nothing (a link too slow for the time left) is
     a timeout the rings explain; a peer that never came is the node's failure (its store key never appeared)."""
@@ -175,6 +176,7 @@ def test_gloo_s_own_timeout_is_told_from_a_peer_that_never_connected():
     assert not netcheck.timed_out(absent.value), absent.value
 
 
+@pytest.mark.slow
 def test_a_check_with_no_time_left_for_the_all_reduce_still_reports_in_its_budget():
     found = run_nodes(2, budget_s=2.5)  # the rings take about 1 s; the all-reduce's reserve is 2 s
     assert found[0] == found[1] and found[0].ok, found
@@ -207,12 +209,14 @@ def run_nodes(world: int, present: int | None = None, budget_s: float = 8.0, sta
     return found
 
 
+@pytest.mark.slow
 def test_two_nodes_on_this_host_measure_their_links_and_all_reduce_over_loopback():
     found = run_nodes(2)
     assert found[0] == found[1] and found[0].ok, found
     assert found[0].line.startswith("network: 2 nodes over lo, links ") and "all-reduce of 4 MiB" in found[0].line
 
 
+@pytest.mark.slow
 def test_a_node_that_never_comes_is_named_by_the_others_within_the_budget():
     found = run_nodes(2, present=1, budget_s=3.0, start_s=3.0)  # the other node's child never starts
     assert list(found[0].named) == [1], found[0].line

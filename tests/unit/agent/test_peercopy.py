@@ -67,6 +67,7 @@ def test_a_copy_replaced_between_the_question_and_the_fetch_is_refused_not_mixed
         peers.fetch(held)
 
 
+@pytest.mark.slow
 def test_the_newest_copy_of_any_node_wins_and_a_node_gone_is_passed_over(tmp_path):
     servers = [peercopy.CopyServer("127.0.0.1", "job-1") for _ in range(3)]
     try:

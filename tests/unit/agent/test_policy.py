@@ -47,6 +47,7 @@ def fixed_size_agent(monkeypatch, tmp_path, node_rank: int, min_nodes: int = 2, 
     return Agent(spec, logs_specs=DefaultLogsSpecs())
 
 
+@pytest.mark.slow
 def test_a_wait_on_the_rounds_store_holds_back_no_heartbeat():
     # One TCPStore client serves one call at a time: with torch's c10d backend a node's heartbeat queued behind the
     # agent's wait for the other nodes' fingerprints (or --netcheck's, --devcheck's), and a wait longer than the
@@ -169,6 +170,7 @@ def test_an_elastic_agent_closes_the_rendezvous_when_its_end_was_decided(monkeyp
     assert closed(handler) and not agent.left_open
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leaving", ["a check named it", "its ranks failed alike twice"])
 def test_a_node_that_leaves_an_elastic_job_leaves_its_round_and_keeps_the_rendezvous_open_for_the_others(
         monkeypatch, tmp_path, leaving):

@@ -106,6 +106,7 @@ def by_rank(output: str) -> dict[int, list[str]]:
 # --- every line whole ---
 
 
+@pytest.mark.slow
 def test_lines_written_in_pieces_by_many_ranks_under_load_come_out_whole_and_prefixed(tmp_path):
     ranks = 8
     rnd = random.Random(5)
@@ -258,6 +259,7 @@ def test_the_same_traceback_on_every_rank_is_shown_once_with_a_line_for_the_othe
         assert "ModuleNotFoundError" in Path(files[rank]).read_text()
 
 
+@pytest.mark.slow
 def test_the_same_block_in_a_later_attempt_is_summed_up_and_a_different_one_is_shown(tmp_path, monkeypatch):
     stderr = agent_stderr(monkeypatch)
     first = attempt(tmp_path, 0, 2)

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 
+import pytest
 import torch.distributed as dist
 
 from trainpod.agent.stragglerwatch import StragglerWatch
@@ -19,6 +20,7 @@ def report(directory, step: int, busy: float) -> None:
     (directory / "rank0").write_bytes(progress.encode(progress.Record(step=step, committed=-1, time=time.time(), busy=busy)))
 
 
+@pytest.mark.slow
 def test_the_slow_ranks_own_agent_names_it_once_then_says_it_keeps_pace(tmp_path):
     store = dist.HashStore()
     busy = {0: 0.1, 1: 0.25}

@@ -64,6 +64,7 @@ def _run(kind: str, first_code: int, peer_s: float, tmp_path) -> dict[int, int]:
     return {rank: failure.exitcode for rank, failure in result.failures.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["function", "command"])
 def test_a_crashed_ranks_peer_that_ignores_sigterm_is_killed(kind, tmp_path):
     codes = _run(kind, 1, CRASHED_PEER_S, tmp_path)
@@ -71,6 +72,7 @@ def test_a_crashed_ranks_peer_that_ignores_sigterm_is_killed(kind, tmp_path):
     assert not (tmp_path / "peer-ended").exists()  # torch alone waits 30 s: the peer would have ended on its own
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["function", "command"])
 def test_after_an_orderly_stop_the_peers_keep_torchs_bound_and_end_on_their_own(kind, tmp_path):
     codes = _run(kind, 143, ORDERLY_PEER_S, tmp_path)

@@ -112,6 +112,7 @@ def script(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_warm_rank_runs_its_script_as_main_with_its_argv_and_directory(server, tmp_path):
     path = script(tmp_path, """
         import multiprocessing, os, signal, sys, helper
@@ -142,6 +143,7 @@ def test_what_the_server_imported_is_out_of_a_warm_ranks_collections(server, tmp
     assert result.stdout.splitlines() == ["True False", "exit 0"], result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "code"), [
     ("import sys; sys.exit()", 0),
     ("import sys; sys.exit(0)", 0),
@@ -168,6 +170,7 @@ def test_a_warm_module_runs_afresh_as_main_even_when_the_server_imported_it(serv
     assert "RuntimeWarning" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_warm_rank_dies_with_its_agent_even_after_a_sigkill_of_the_agent(server, tmp_path):
     agent = subprocess.Popen([sys.executable, "-c", DRIVER, "script", script(tmp_path, "import time; time.sleep(300)")],
                              env={**ENV, **server}, stdout=subprocess.PIPE, text=True)

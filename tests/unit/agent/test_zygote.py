@@ -50,6 +50,7 @@ RANK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_ranks_are_children_of_the_copy_with_the_agents_variables_and_threads(tmp_path):
     (tmp_path / "rank.py").write_text(RANK)
     result = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path / "rank.py")], env=ENV, capture_output=True,
@@ -63,6 +64,7 @@ def test_the_ranks_are_children_of_the_copy_with_the_agents_variables_and_thread
     assert rank.split() == ["rank", copy, zygote.NAME, "set", "after", "the", "fork", "1"], result.stdout
 
 
+@pytest.mark.slow
 def test_where_the_copy_died_before_it_serves_multiprocessing_starts_its_own_server(tmp_path):
     # The failpoint kills the copy as the OOM killer could: the ranks then come from a new interpreter, as they did
     (tmp_path / "rank.py").write_text(RANK)
@@ -143,6 +145,7 @@ def test_a_job_started_by_the_launcher_has_room_for_its_ranks_titles():
     assert int(room) > JOB_TITLE_ROOM and title.strip() == repr(b"python\0-m\0x"), result.stderr
 
 
+@pytest.mark.slow
 def test_a_signal_to_the_jobs_group_does_not_reach_a_serving_copy(tmp_path):
     # The copy leaves the job's session once it serves (trainpod.agent.warm_server), as multiprocessing's server does
     (tmp_path / "rank.py").write_text("import time\ntime.sleep(300)\n")

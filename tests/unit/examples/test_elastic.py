@@ -38,6 +38,7 @@ def resume(feed, saved):
     feed.load_state_dict(saved.state_dict())
 
 
+@pytest.mark.slow
 def test_the_lr_scales_with_the_world_against_the_first_starts_and_follows_samples_seen():
     feed, optimizer = feed_with_schedule(world=2)
     factor = harness.lr_schedule(2 * N)

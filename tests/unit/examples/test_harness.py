@@ -224,6 +224,7 @@ def resume_in_a_world_of_two(rank: int, directory: str, results: str) -> None:
     distributed.shutdown()
 
 
+@pytest.mark.slow
 def test_ranks_that_found_different_newest_checkpoints_all_stop_with_78(tmp_path):
     import torch.multiprocessing as mp
 
@@ -250,6 +251,7 @@ def weights_of_a_reformed_group(rank: int, directory: str, results: str) -> None
     distributed.shutdown()
 
 
+@pytest.mark.slow
 def test_a_reformed_group_with_no_checkpoint_to_restore_trains_from_rank_0s_weights(tmp_path):
     # A group re-formed in-process makes its DDP model without DDP's broadcast (init_sync=False); where no
     # checkpoint is restored after, the harness broadcasts rank 0's weights itself.
@@ -290,6 +292,7 @@ def resume_a_survivor_and_a_replacement(rank: int, directory: str, results: str)
     distributed.shutdown()
 
 
+@pytest.mark.slow
 def test_a_survivor_whose_copy_the_replacement_could_not_load_resumes_with_it_from_the_disk(tmp_path):
     # In-process recovery: the survivor's copy in memory is of step 8, the newest manifest, but the replacement
     # found step 8 corrupt and loaded 4: the ranks' steps differ, and the survivor goes to the disk too.
@@ -323,6 +326,7 @@ class _ZeroGradWithoutKeywords(torch.optim.SGD):
         super().zero_grad()
 
 
+@pytest.mark.slow
 def test_the_harness_steps_an_optimizer_whose_zero_grad_takes_no_keyword(tmp_path, monkeypatch):
     monkeypatch.setattr(harness.precision.Path, "optimizer",
                         lambda self, name, params, lr, weight_decay=0.0: _ZeroGradWithoutKeywords(params, lr=lr))
@@ -333,6 +337,7 @@ def test_the_harness_steps_an_optimizer_whose_zero_grad_takes_no_keyword(tmp_pat
 # --- a peer that went away: one line, never a traceback ---
 
 
+@pytest.mark.slow
 def test_a_rank_whose_peer_went_away_says_so_in_one_line_and_exits_1(tmp_path):
     # Rank 1 fails at step 3 (its own traceback: its error); rank 0's next collective fails on the closed connection.
     # The agent names the rank that ended and why; rank 0's traceback said nothing more (a 30-line wall at every lost

@@ -53,6 +53,7 @@ def test_parameter_count():
     assert len(list(model.parameters())) == 161
 
 
+@pytest.mark.slow
 def test_state_dict_keys_and_shapes():
     state = resnet50().state_dict()
     assert [(k, tuple(v.shape)) for k, v in state.items()] == expected_state_dict_shapes()
@@ -84,6 +85,7 @@ def test_num_classes():
     assert [(k, tuple(v.shape)) for k, v in model.state_dict().items()] == expected_state_dict_shapes(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [224, 64, 32])
 def test_output_shape_for_any_image_size(size):
     model = resnet50(num_classes=7).eval()
@@ -127,6 +129,7 @@ def test_norm_layer_group_norm():
     assert model.conv1.weight.grad is not None
 
 
+@pytest.mark.slow
 def test_every_parameter_gets_a_gradient():
     model = resnet50(num_classes=3)
     model(torch.randn(2, 3, 32, 32)).sum().backward()
@@ -150,6 +153,7 @@ def test_state_dict_interchangeable_with_torchvision():
 
 
 # torchvision's counts, 1000 classes
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,parameters", [("resnet18", 11_689_512), ("resnet34", 21_797_672), ("resnet50", RESNET50_PARAMETERS),
                                              ("resnet101", 44_549_160)])
 def test_each_arch_has_torchvisions_parameter_count(arch, parameters):
@@ -168,6 +172,7 @@ def test_resnet18_is_basic_blocks_with_torchvisions_names():
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_a_narrower_resnet_has_torchvisions_names_and_a_fraction_of_its_parameters(arch):
     wide, narrow = ARCHS[arch](num_classes=4), ARCHS[arch](num_classes=4, width=8)

@@ -30,6 +30,7 @@ def scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(event.step, event.value) for event in found.Scalars(tag)] for tag in found.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_a_run_writes_loss_throughput_lr_world_and_accuracy_at_its_log_points(tmp_path):
     done = run(tmp_path, "--max-steps", "6", "--tensorboard", str(tmp_path / "tb"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -41,6 +42,7 @@ def test_a_run_writes_loss_throughput_lr_world_and_accuracy_at_its_log_points(tm
     assert [step for step, _ in found["test/accuracy"]] == [6] and 0 <= found["test/accuracy"][0][1] <= 1
 
 
+@pytest.mark.slow
 def test_a_resumed_run_shows_each_step_once_as_the_run_that_went_on_trained_it(tmp_path):
     tb, ckpt = tmp_path / "tb", tmp_path / "ckpt"
     first = run(tmp_path, "--max-steps", "6", "--tensorboard", str(tb), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3")
@@ -55,6 +57,7 @@ def test_a_resumed_run_shows_each_step_once_as_the_run_that_went_on_trained_it(t
     assert [step for step, _ in found["test/accuracy"]] == [6]
 
 
+@pytest.mark.slow
 def test_a_directory_that_cannot_be_written_is_one_line_and_78_before_training(tmp_path):
     (tmp_path / "file").write_text("")
     done = run(tmp_path, "--max-steps", "2", "--tensorboard", str(tmp_path / "file" / "tb"))

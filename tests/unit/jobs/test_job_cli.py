@@ -46,6 +46,7 @@ def test_every_scheduler_is_a_subcommand_with_its_own_flags():
                 assert setting.var in helped.stdout
 
 
+@pytest.mark.slow
 def test_prints_the_file_and_writes_nothing(tmp_path):
     result = trainpod("job", "openpai", "cifar10-ddp", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -61,6 +62,7 @@ def test_a_variable_is_the_flags_twin_and_the_flag_wins():
     assert yaml.safe_load(by_flag.stdout)["taskRoles"]["worker"]["instances"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ["job"],
     ["job", "openpai"],

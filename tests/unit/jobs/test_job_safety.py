@@ -263,6 +263,7 @@ def test_the_files_read_are_the_ones_the_connection_uses(tmp_path):
     asyncio.run(connect())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("ssh-agent") and shutil.which("ssh-add") and shutil.which("ssh-keygen")),
                     reason="needs OpenSSH's ssh-agent, ssh-add and ssh-keygen")
 def test_a_key_behind_a_passphrase_is_used_through_the_agent(tmp_path):

@@ -196,6 +196,7 @@ def args_after_dashes(argv):
 
 # --- the properties --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @PROPERTY
 @given(requests("openpai"))
 def test_openpai_loads_back_to_what_was_meant(shell, request):
@@ -219,6 +220,7 @@ def test_openpai_loads_back_to_what_was_meant(shell, request):
     check_command_line(shell, check_header(text, job), job)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(requests("kubeflow"))
 def test_kubeflow_loads_back_to_what_was_meant(shell, request):
@@ -239,6 +241,7 @@ def test_kubeflow_loads_back_to_what_was_meant(shell, request):
     check_command_line(shell, check_header(text, job), job)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(requests("slurm"))
 def test_the_sbatch_script_runs_exactly_the_intended_command(shell, tmp_path_factory, request):
@@ -272,6 +275,7 @@ def docker_run(argv):
     return options, rest[0], rest[1:]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(requests("ssh"))
 def test_each_host_runs_exactly_the_intended_command(shell, request):
@@ -303,6 +307,7 @@ def test_each_host_runs_exactly_the_intended_command(shell, request):
 
 # --- the pieces ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.lists(st.text(st.characters(exclude_characters="\0", exclude_categories=("Cs",)), max_size=10), max_size=5))
 def test_the_header_command_line_is_printable_ascii_that_bash_reads_back(shell, argv):
@@ -312,6 +317,7 @@ def test_the_header_command_line_is_printable_ascii_that_bash_reads_back(shell, 
     assert calls == [argv], done.stderr
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.text(max_size=20), max_size=4))
 def test_a_comment_stays_a_comment(lines):
@@ -320,6 +326,7 @@ def test_a_comment_stays_a_comment(lines):
     assert yaml.safe_load(text + "a: 1\n") == {"a": 1}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=40), IMAGE.map(lambda image: image + " "), IMAGE))
 def test_an_image_reference_is_a_single_docker_argument(text):
@@ -331,6 +338,7 @@ def test_an_image_reference_is_a_single_docker_argument(text):
     assert docker_run(["docker", "run", "--rm", image, "x"]) == (["--rm"], image, ["x"])
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(IMAGE)
 def test_every_generated_reference_is_accepted(image):

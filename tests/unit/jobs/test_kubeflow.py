@@ -72,6 +72,7 @@ def drop_empty(value):
     return value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [j[0] for j in JOBS])
 def test_the_sdk_and_kubernetes_models_take_every_field(args, kubeflow_models, client):
     job = render(args)

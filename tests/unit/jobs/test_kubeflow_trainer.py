@@ -37,6 +37,7 @@ def render(args: str) -> tuple[dict, dict]:
     return runtime, job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [j[0] for j in JOBS])
 def test_trainers_models_take_every_field(args, models):
     runtime, job = render(args)

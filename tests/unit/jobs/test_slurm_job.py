@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fixtures.cli import in_process
 from trainpod import jobs
 
@@ -62,6 +64,7 @@ def test_submit_without_sbatch_is_one_line_78(tmp_path):
     assert result.returncode == 78 and "sbatch is not on PATH" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_submit_pipes_the_script_to_sbatch(tmp_path):
     sbatch = tmp_path / "sbatch"
     sbatch.write_text(f"#!/bin/sh\ncat > {tmp_path}/script\necho 'Submitted batch job 77'\n")

@@ -95,6 +95,7 @@ def test_hosts_from_the_variable_are_configuration_errors():
         jobs.build("ssh", "cifar10-ddp", {}, {"TRAINPOD_JOB_HOSTS": "h1,,h2"})
 
 
+@pytest.mark.slow
 def test_submits_first_import_of_asyncssh_prints_nothing():
     """--submit's errors are one line: asyncssh's import warns of cryptography's DSA deprecation ten lines long
     (cryptography 51), filtered where trainpod imports it first."""

@@ -51,6 +51,7 @@ def one_line_error(result, code):
     return line
 
 
+@pytest.mark.slow
 def test_help_lists_commands_and_exit_codes():
     result = trainpod("--help")
     assert result.returncode == 0
@@ -255,6 +256,7 @@ def test_explain_shows_the_restart_budget_run_would_use():
     assert command[command.index("--max-restarts") + 1] == "5"
 
 
+@pytest.mark.slow
 def test_unreachable_master_exits_69_within_the_timeout():
     port = free_port()  # nothing listens there
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NNODES": "2", "NODE_RANK": "1", "HTTP_PROXY": "http://proxy:3128"}
@@ -271,12 +273,14 @@ def test_unreachable_master_exits_69_within_the_timeout():
         assert part in error[0]
 
 
+@pytest.mark.slow
 def test_unresolvable_master_exits_69():
     env = {"MASTER_ADDR": "no-such-master.invalid", "NNODES": "2", "NODE_RANK": "1"}
     line = one_line_error(trainpod("run", "--no-supervise", "--connect-timeout", "1", "--", "true", env=env), 69)
     assert "no-such-master.invalid" in line and "did not resolve" in line
 
 
+@pytest.mark.slow
 def test_run_single_node_command_with_prefixes_and_its_exit_code(tmp_path):
     port = free_port()
     # Rank 1 fails only once rank 0 has printed: its failure stops rank 0, maybe before its line on a busy machine.
@@ -291,6 +295,7 @@ def test_run_single_node_command_with_prefixes_and_its_exit_code(tmp_path):
     assert "[node0] trainpod: rank 1 (local rank 1) exited with 3" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_exits_128_plus_signal():
     code = "import os,signal; os.kill(os.getpid(), signal.SIGKILL)"
     result = trainpod("run", "--no-supervise", "--master-port", str(free_port()), "--", sys.executable, "-c", code, timeout=120)
@@ -341,6 +346,7 @@ def test_a_bad_example_argument_or_variable_is_one_line_before_anything_starts(a
         assert one_line_error(here(command, "--example", "cifar10-ddp", *args, env=env), code) == f"trainpod: error: {says}"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_directory_that_is_a_file_or_of_another_model_is_78(tmp_path):
     (tmp_path / "file").write_text("x")
     result = run_job("--example", "cifar10-ddp", "--", "--checkpoint-dir", str(tmp_path / "file"))
@@ -363,6 +369,7 @@ def test_a_checkpoint_directory_that_is_a_file_or_of_another_model_is_78(tmp_pat
     assert "the checkpoint of step 5" in line and "does not fit this cifar10-ddp job" in line and not restarted(result)
 
 
+@pytest.mark.slow
 def test_gpus_visible_to_a_cpu_torch_are_78_naming_them_before_any_rank_starts():
     # A GPU node's CUDA_VISIBLE_DEVICES with a CPU build of torch (this host's): nccl by default, which no rank
     # can run; said by the node's preflight, not by each rank as a TRAINPOD_BACKEND the user never set.
@@ -374,6 +381,7 @@ def test_gpus_visible_to_a_cpu_torch_are_78_naming_them_before_any_rank_starts()
     assert "rank" not in result.stderr and "Traceback" not in result.stderr and not restarted(result)
 
 
+@pytest.mark.slow
 def test_an_output_directory_that_cannot_be_written_is_78_before_any_rank_starts(tmp_path):
     (tmp_path / "file").write_text("x")
     result = run_job("--example", "cifar10-ddp", "--", "--output-dir", str(tmp_path / "file" / "out"))
@@ -385,6 +393,7 @@ def test_an_output_directory_that_cannot_be_written_is_78_before_any_rank_starts
     assert "rank" not in result.stderr and "Traceback" not in result.stderr and not restarted(result)
 
 
+@pytest.mark.slow
 def test_a_missing_package_is_named_before_any_rank_starts(tmp_path):
     shadow = tmp_path / "shadow"
     shadow.mkdir()
@@ -396,6 +405,7 @@ def test_a_missing_package_is_named_before_any_rank_starts(tmp_path):
     assert "rank" not in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_full_disk_ends_the_job_at_once_with_73(tmp_path):
     small = tmp_path / "small"
     small.mkdir()
@@ -414,6 +424,7 @@ def test_a_full_disk_ends_the_job_at_once_with_73(tmp_path):
     assert re.search(r"rank [01] exited with 73 \(a checkpoint cannot be written\): not restarting", result.stderr)
 
 
+@pytest.mark.slow
 def test_nccls_interface_variable_is_not_copied_into_glooss_on_the_cpu():
     result = run_job("--", "true", env={"NCCL_SOCKET_IFNAME": "nonexist0"})
     assert result.returncode == 0, result.stderr
@@ -424,6 +435,7 @@ def test_nccls_interface_variable_is_not_copied_into_glooss_on_the_cpu():
     assert line.startswith("trainpod: error: GLOO_SOCKET_IFNAME='nonexist0': no such interface here (have: ")
 
 
+@pytest.mark.slow
 def test_several_sources_are_one_warning_in_explain_and_in_run():
     env = {**pai_environment({"worker": 1}, ("worker", 0), {"SyncPort": 1}), "MASTER_ADDR": "10.0.0.9"}
     warning = "several cluster sources are set: using pai (the first source that detects); ignoring torchrun's MASTER_ADDR"

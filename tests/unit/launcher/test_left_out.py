@@ -58,6 +58,7 @@ def test_etcd_v3_the_records_of_the_job_s_current_generation(etcd):
     assert f"left out of rendezvous {job}.g0 (" in out and f"{LINE}  <- this node" in out, out
 
 
+@pytest.mark.slow
 def test_torch_s_etcd_the_records_under_the_run_s_directory(etcd_v2):
     pytest.importorskip("etcd")
     from torch.distributed.elastic.rendezvous import RendezvousParameters, etcd_rendezvous
@@ -69,6 +70,7 @@ def test_torch_s_etcd_the_records_under_the_run_s_directory(etcd_v2):
     assert f"left out of rendezvous {job}.g0 (" in out and f"{LINE}  <- this node" in out, out
 
 
+@pytest.mark.slow
 def test_a_rendezvous_that_does_not_answer_is_one_line_and_a_fixed_size_job_has_none():
     out = explain("--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--connect-timeout", "1")
     assert "left out: not read from the c10d rendezvous at 127.0.0.1:" in out and "Traceback" not in out, out

@@ -178,6 +178,7 @@ def test_torchs_etcd_backend_without_v2_is_78_naming_the_endpoint_and_both_fixes
     assert preflight.check_etcd(etcd_topology("etcd-v3", etcd_without_v2.endpoint), 5, lambda m: None).version.startswith("3.")
 
 
+@pytest.mark.slow
 def test_an_unreachable_etcd_is_a_bounded_wait_then_69_naming_the_endpoints():
     import time
 

@@ -185,6 +185,7 @@ def test_the_world_is_zero_from_a_failure_to_the_next_start(tmp_path):
     assert line[-1] == (run.records[-1].time, 4)
 
 
+@pytest.mark.slow
 def test_the_report_never_imports_torch(tmp_path):
     output = write_run(tmp_path / "output")
     code = ("import sys; from trainpod.launcher.cli import main; assert main(['report', sys.argv[1]]) == 0; "

@@ -111,6 +111,7 @@ def one_line_error(result, code):
     return result.stderr.strip()
 
 
+@pytest.mark.slow
 def test_the_cli_says_it_in_one_line_before_anything_starts():
     line = one_line_error(trainpod("explain", "--nnodes", "1:2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "e:2379",
                                    "--rdzv-conf", "keep_alive_interval=abc"), 64)

@@ -227,6 +227,7 @@ def test_a_token_etcd_no_longer_knows_is_replaced(etcd_rbac, passwords):
 # --- the v2 API's users (torch's etcd backend) ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_torchs_etcd_backend_with_the_v2_user_passes(etcd_v2_auth, passwords):
     access = EtcdAccess(user="alice", password_file=passwords["alice"])
     assert probe(etcd_v2_auth.endpoint, 5, access).v2_enabled  # (401 to anyone else: v2 is served)
@@ -247,6 +248,7 @@ def test_torchs_etcd_backend_without_the_v2_user_is_78(etcd_v2_auth, passwords, 
 torch_needed = pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
 
 
+@pytest.mark.slow
 @torch_needed
 @pytest.mark.parametrize("server", ["etcd_tls", "etcd_rbac"])
 def test_etcd_v3_forms_a_world_of_two_with_tls_or_a_user(server, request, pki, passwords, monkeypatch):
@@ -272,6 +274,7 @@ def test_etcd_v3_forms_a_world_of_two_with_tls_or_a_user(server, request, pki, p
         handler.shutdown()
 
 
+@pytest.mark.slow
 @torch_needed
 @pytest.mark.parametrize("server", ["etcd_tls", "etcd_v2_auth"])
 def test_torchs_etcd_backend_forms_a_world_of_two_with_tls_or_a_v2_user(server, request, pki, passwords, monkeypatch):
@@ -327,6 +330,7 @@ def trainpod(*args, env=None, timeout=180):
                           env={**clean, "PYTHONPATH": ENTRYPOINT, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
+@pytest.mark.slow
 def test_explain_shows_files_and_the_user_never_the_password(pki, tmp_path):
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET)
@@ -364,6 +368,7 @@ def test_trainpod_run_meets_in_etcd_with_tls_or_a_user_and_advances_the_generati
     assert EtcdClient(etcd.url, 5, access).get(key)[0] == b"1"  # the run closed generation 0: the next run meets in 1
 
 
+@pytest.mark.slow
 def test_trainpod_run_with_a_wrong_password_is_one_line_78(etcd_rbac):
     result = trainpod("run", "--no-supervise", "--nnodes", "1:2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
                       etcd_rbac.endpoint, "--etcd-user", "alice", "--connect-timeout", "30", "--", "true",

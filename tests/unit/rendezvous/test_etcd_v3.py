@@ -137,6 +137,7 @@ def test_the_next_endpoint_is_tried_when_the_first_is_down(etcd):
     assert b.get_state()[0] == b"via the second"
 
 
+@pytest.mark.slow
 def test_the_state_expires_with_its_lease(etcd):
     b = backend(etcd.endpoint, ttl=2)
     b.set_state(b"abandoned")
@@ -218,6 +219,7 @@ def test_register_is_idempotent_and_creates_dynamic_handlers(etcd):
     assert handler.get_backend() == "etcd-v3"
 
 
+@pytest.mark.slow
 def test_two_handlers_form_a_world_of_two(etcd):
     run_id = f"world-{uuid.uuid4().hex[:8]}"
     handlers = [etcd_v3.create_handler(RendezvousParameters("etcd-v3", etcd.endpoint, run_id, 2, 2, read_timeout=5,

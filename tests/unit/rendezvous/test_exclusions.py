@@ -56,6 +56,7 @@ def test_a_node_recorded_in_its_run_is_found_there_by_host_and_boot_and_no_other
     assert exclusions.of(Node("trainer3", "boot-a"), records) is None
 
 
+@pytest.mark.slow
 def test_a_run_is_live_while_a_node_is_in_its_rendezvous(handler):
     assert exclusions.run_is_live(handler) is False  # no round yet: whoever starts the job under this id starts afresh
     handler.next_rendezvous()

@@ -28,6 +28,7 @@ def test_the_issues_four_jobs_stay_four():
     assert len({ids.escape(job) for job in jobs}) == 4
 
 
+@pytest.mark.slow
 @given(printable)
 def test_escape_is_reversible_and_safe_in_keys_and_urls(identity):
     assume(len(ids._escape(identity)) <= ids.MAX_LENGTH)

@@ -61,6 +61,7 @@ def test_an_id_that_cannot_be_kept_is_one_line_by_its_origin(flags, env, code, o
     assert refused.value.exit_code == code and line.startswith(f"{origin}=") and "printable" in line and "\n" not in line
 
 
+@pytest.mark.slow
 def test_etcd_v3_keeps_each_job_in_keys_of_its_own(etcd):
     pytest.importorskip("torch")
     from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -81,6 +82,7 @@ def test_etcd_v3_keeps_each_job_in_keys_of_its_own(etcd):
         handler.shutdown()
 
 
+@pytest.mark.slow
 def test_torchs_etcd_backend_keeps_each_job_in_keys_of_its_own(etcd_v2):
     pytest.importorskip("etcd")
     pytest.importorskip("torch")

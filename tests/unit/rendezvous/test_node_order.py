@@ -59,6 +59,7 @@ def test_torch_numbers_the_nodes_by_their_descriptors_whatever_their_node_rank()
     assert rendezvous_ranks(made) == [0, 1, 2]  # torch's order: the one that sorts first gets rank 0
 
 
+@pytest.mark.slow
 def test_each_node_gets_its_platform_rank_in_every_round():
     made, _ = handlers(3, "platform-order")
     for handler, node_rank in zip(made, (2, 0, 1)):
@@ -166,6 +167,7 @@ def lose(handler) -> None:
 LAST_CALL_S = 60  # far longer than a later round's nodes take to meet here: waiting it out would show
 
 
+@pytest.mark.slow
 def test_the_survivors_of_a_lost_node_meet_once_it_is_dropped_not_after_the_last_call():
     made, _ = elastic_handlers(3, "survivors-meet", 2, 3, LAST_CALL_S)
     assert sorted(world for _, world in meet(made).values()) == [3, 3, 3]  # the first round: complete at the maximum
@@ -178,6 +180,7 @@ def test_the_survivors_of_a_lost_node_meet_once_it_is_dropped_not_after_the_last
     assert took < LAST_CALL_S / 2, f"the round of the survivors took {took:.1f} s: it waited out its last call"
 
 
+@pytest.mark.slow
 def test_a_survivor_slow_to_come_is_waited_for_while_its_heartbeat_lives():
     made, _ = elastic_handlers(3, "slow-survivor", 2, 3, LAST_CALL_S)
     meet(made)
@@ -187,6 +190,7 @@ def test_a_survivor_slow_to_come_is_waited_for_while_its_heartbeat_lives():
     assert sorted(world for _, world in worlds.values()) == [3, 3, 3]
 
 
+@pytest.mark.slow
 def test_a_spare_beyond_the_maximum_takes_a_lost_nodes_place_at_the_same_world():
     made, _ = elastic_handlers(4, "spare", 2, 3, LAST_CALL_S)
     first = meet(made[:3])
@@ -216,6 +220,7 @@ def test_a_spare_beyond_the_maximum_takes_a_lost_nodes_place_at_the_same_world()
     assert node_order.members(made[0]) == {made[0]._this_node, made[2]._this_node, made[3]._this_node}
 
 
+@pytest.mark.slow
 def test_a_node_that_leaves_for_good_is_not_waited_for():
     made, _ = elastic_handlers(3, "leaves", 2, 3, LAST_CALL_S)
     meet(made)

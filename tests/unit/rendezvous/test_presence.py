@@ -75,6 +75,7 @@ def test_a_peer_killed_is_gone_at_once_and_only_its_older_heartbeats_expire(list
     watcher.close()
 
 
+@pytest.mark.slow
 def test_only_a_greeting_of_the_same_run_and_node_makes_a_watch(listener, monkeypatch):
     """Another run's listener, another node's, a port that accepts and says nothing, a closed port: none of them is
     watched, and none of them is gone when it ends. The test runs past the timers: greetings given up and retried."""
@@ -143,6 +144,7 @@ def test_publish_puts_only_this_agents_listener_and_seen_forgets_nodes_swept_fro
     assert until(lambda: mine.watching() == {"b"})
 
 
+@pytest.mark.slow
 def test_the_survivors_of_a_node_whose_agent_died_meet_without_waiting_for_its_heartbeat_to_lapse():
     """Three nodes of an elastic job (--nnodes 2:3) meet; the third, a process of its own with its listener, gets SIGKILL.
     Its heartbeat would lapse after 10 minutes; the two survivors meet at world 2 once the one with a listener saw it

@@ -41,6 +41,7 @@ def test_the_same_job_shares_it_at_once_on_another_node_or_after_a_restart(tmp_p
     assert again is not None and first is not None
 
 
+@pytest.mark.slow
 def test_a_second_job_is_refused_while_the_heartbeat_moves_and_the_line_names_the_holder(tmp_path):
     """The issue's case: two jobs with one checkpoint directory both ran and overwrote each other's files."""
     held = hold(tmp_path, "team-a")

@@ -6,6 +6,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from trainpod.contract import RUN_SPEC_VAR
 from trainpod.runspec import RunSpec, Target
 from trainpod.supervisor.job import gloo_fallback_note
@@ -33,6 +35,7 @@ def test_the_job_module_needs_its_spec():
     assert result.stderr.strip() == f"trainpod.supervisor.job: error: {RUN_SPEC_VAR} is not set: this module is started by `trainpod run`"
 
 
+@pytest.mark.slow
 def test_a_preflight_failure_is_one_line_with_the_node_prefix():
     spec = RunSpec(topology=Topology(source="torchrun", nnodes=2, node_rank=1, nproc_per_node=1, master_addr="no-such-host.invalid",
                                      master_port=29500, backend="gloo", interface=None),
@@ -98,6 +101,7 @@ except UnreachableError as error:
 """
 
 
+@pytest.mark.slow
 def test_torch_is_imported_by_the_main_thread_while_the_checks_run_on_another():
     # The node's fork server is a copy of the job's process: a copy made after another thread ran torch's import (its
     # MKL code) could inherit MKL's allocator lock held, and every rank forked from it spun at its first matrix product
@@ -138,6 +142,7 @@ exit_before_finalization(69)
 """
 
 
+@pytest.mark.slow
 def test_the_agent_ends_with_its_code_after_its_threads_and_atexit_handlers_with_a_daemon_thread_in_a_store_call():
     ended = subprocess.run([sys.executable, "-c", AGENT_END], capture_output=True, text=True, timeout=60)
     assert ended.returncode == 69 and "terminate called" not in ended.stderr, ended.stderr[-2000:]

@@ -54,6 +54,7 @@ def supervised(*command, restarts="2", env=None, **kwargs):
         env={**CLEAN, "PYTHONPATH": ENTRYPOINT, **(env or {})}, capture_output=True, text=True, timeout=180, **kwargs)
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_restarted_then_exits_with_its_code():
     # A different code each attempt (TORCHELASTIC_RESTART_COUNT: the restarts without progress so far), so
     # that it is never the same failure twice: the budget runs out.
@@ -67,6 +68,7 @@ def test_a_failing_job_is_restarted_then_exits_with_its_code():
     assert "the job exited" not in result.stderr  # the agent decided; the listener only records the code
 
 
+@pytest.mark.slow
 def test_the_same_failure_twice_ends_the_job_after_two_attempts():
     result = supervised("--", "sh", "-c", "echo attempt; exit 3", restarts="5")
     assert result.returncode == 3, result.stderr
@@ -75,6 +77,7 @@ def test_the_same_failure_twice_ends_the_job_after_two_attempts():
     assert lines == ["[node0] trainpod: the same failure twice without progress (no step reported): not restarting (exit code 3)"]
 
 
+@pytest.mark.slow
 def test_a_configuration_error_is_not_restarted():
     result = supervised("--", "sh", "-c", "echo attempt; exit 78")
     assert result.returncode == 78, result.stderr
@@ -82,6 +85,7 @@ def test_a_configuration_error_is_not_restarted():
     assert "[node0] trainpod: rank 0 exited with 78 (a configuration error): not restarting" in result.stderr.splitlines()
 
 
+@pytest.mark.slow
 def test_an_unreachable_master_is_retried():
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NNODES": "2", "NODE_RANK": "1",
            "TRAINPOD_CONNECT_TIMEOUT": "1"}
@@ -94,6 +98,7 @@ def test_an_unreachable_master_is_retried():
     assert "the job exited with 69 after 2 attempt(s), 1 restart(s) without progress (--max-restarts 1): giving up" in result.stderr
 
 
+@pytest.mark.slow
 def test_success_is_zero_and_sigterm_is_143():
     assert supervised("--", "true").returncode == 0
     process = subprocess.Popen(
@@ -108,6 +113,7 @@ def test_success_is_zero_and_sigterm_is_143():
     assert "received SIGTERM" in stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_foreground_says_sigint():
     # Issue 24: supervisord stops the job with SIGTERM whatever `trainpod run` was given, and the agent said
     # "received SIGTERM" after a Ctrl-C. A terminal's Ctrl-C signals the foreground process group.
@@ -125,6 +131,7 @@ def test_ctrl_c_in_the_foreground_says_sigint():
     assert "SIGTERM" not in stderr and "death signal" not in stderr  # nor torch's "Received 15 death signal"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [["--max-restarts", "-1"], ["--restart-backoff", "-2"]])
 def test_bad_policy_flags(bad):
     result = subprocess.run([sys.executable, "-m", "trainpod", "run", *bad, "--", "true"],

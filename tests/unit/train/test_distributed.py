@@ -4,6 +4,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fixtures.ports import free_port
 
 # shutdown() pauses (DRAIN_S) before it destroys a group that would be freed, so that gloo's threads can finish
@@ -37,10 +39,12 @@ def shutdown(group: str, barrier: str) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow
 def test_after_an_error_a_group_that_inprocess_holds_is_left_without_the_pause():
     assert shutdown("held", "no-barrier") == "False []"
 
 
+@pytest.mark.slow
 def test_a_group_that_would_be_freed_gets_the_pause_after_an_error_and_at_the_end():
     assert shutdown("torchs", "no-barrier") == "False [0.2]"
     assert shutdown("torchs", "barrier") == "False [0.2]"
@@ -82,6 +86,7 @@ RESUMED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_reproducible_ddp_ends_a_resumed_run_with_the_bits_of_one_never_interrupted_where_ddp_does_not():
     tests = str(Path(__file__).resolve().parents[2])  # fixtures.resumed_ddp
     path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))

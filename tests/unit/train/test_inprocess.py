@@ -161,6 +161,7 @@ RECOVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group, count", [("destroyed", "before"), ("kept", "before"), ("kept", "after")])
 def test_recover_joins_the_next_generation_and_keeps_the_broken_group_unfreed(tmp_path, group, count):
     # Freeing a gloo group joins its threads; one with tensors left to free needs the GIL that the
@@ -193,6 +194,7 @@ WATCHED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_rank_blocked_on_a_live_peer_leaves_its_group_once_a_keeper_counts_the_next_generation(store):
     # What the compose fault test caught under load: a rank waited in a collective on a peer that never
     # answered, and no failure reached it. Its watch shuts its connections down when a generation is counted.
@@ -254,6 +256,7 @@ STUCK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("main", ["idle", "busy"])
 def test_a_rank_whose_main_thread_stays_idle_where_it_was_after_its_group_was_given_up_ends(tmp_path, main, store):
     # Its keeper then replaces it as any dead rank. One that computes is let be: a long backward pass is no hang.
@@ -315,6 +318,7 @@ ORPHAN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("py-spy"), reason="the look at the native stacks needs py-spy")
 @pytest.mark.parametrize("cut", ["receive", "send"])
 def test_a_rank_whose_receive_or_send_was_cut_mid_message_ends_without_waiting_out_the_stuck_rank_watch(tmp_path, store, cut):

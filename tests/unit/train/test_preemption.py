@@ -146,6 +146,7 @@ def test_ignore_sigterm_is_a_worker_init_fn():
 # --- real processes, real gloo ---
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")  # found, not imported: seconds
 def test_a_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path):
     ranks = start_ranks(tmp_path, world=2, grace=20)
@@ -161,6 +162,7 @@ def test_a_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path):
     assert "did not stop within" not in err0 + err1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_an_error_of_one_rank_stops_every_rank_after_the_same_step_with_its_code(tmp_path):
     ranks = start_ranks(tmp_path, world=2, grace=20, then="error@5")

@@ -1,5 +1,7 @@
 """trainpod.train.progress: what a rank reports, as its agent reads it."""
 
+import pytest
+
 from trainpod.contract import PROGRESS_DIR_VAR
 from trainpod.train import progress
 
@@ -27,6 +29,7 @@ def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_measure_reports_a_steps_own_work_not_its_wait_for_the_others(tmp_path, monkeypatch):
     """The time from the end of the previous step to the last gradient: a wait after backward (the
     all-reduce, an optimizer step) is not the rank's own work."""

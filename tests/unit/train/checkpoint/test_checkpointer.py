@@ -439,6 +439,7 @@ def zygote():
     z.close()
 
 
+@pytest.mark.slow
 def test_a_kill_at_any_moment_leaves_a_good_checkpoint(tmp_path, zygote):
     rng = random.Random(20240611)
     committed = 0
@@ -463,6 +464,7 @@ def test_a_kill_at_any_moment_leaves_a_good_checkpoint(tmp_path, zygote):
     assert len(temps) <= 2  # at most the last kill's; the earlier ones were cleaned up
 
 
+@pytest.mark.slow
 def test_a_save_in_flight_completes_at_interpreter_exit(tmp_path, zygote):
     zygote.send(f"exit {tmp_path}")
     zygote.expect("saved")
@@ -472,6 +474,7 @@ def test_a_save_in_flight_completes_at_interpreter_exit(tmp_path, zygote):
     assert step == 7 and torch.all(state["payload"] == 7.0)
 
 
+@pytest.mark.slow
 def test_a_write_error_is_raised_once_naming_the_os_error(tmp_path, zygote):
     zygote.send(f"fsize {tmp_path}")
     *lines, reaped = [line for line in zygote.lines_until("reaped") if not line.startswith("pid ")]

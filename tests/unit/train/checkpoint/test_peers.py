@@ -88,6 +88,7 @@ def test_a_node_new_to_the_job_takes_the_copy_in_memory_where_its_directory_is_a
     assert joiner.load_latest()[0] == 12 and lines == [f"resuming from step 12 ({tmp_path / 'shared' / 'ckpt-00000012.pt'})"]
 
 
+@pytest.mark.slow
 def test_a_node_alone_keeps_its_own_copy_and_a_send_that_fails_is_said_once_until_one_arrives(nodes, tmp_path):
     lines = []
     alone = Checkpointer(tmp_path / "alone", keep=2, log=lines.append, peers=Peers([nodes[0].address], 0, JOB))

@@ -110,6 +110,7 @@ def test_a_type_of_ones_own_is_allowed_for_that_load_only(tmp_path):
     assert set(torch.serialization.get_safe_globals()) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,env,expected", [
     ([], {}, "0"),
     (["--trust-checkpoints"], {}, "1"),
@@ -124,6 +125,7 @@ def test_the_launch_plan_gives_the_ranks_the_trust_setting(flags, env, expected)
     assert json.loads(result.stdout)["env"][TRUST_VAR] == expected
 
 
+@pytest.mark.slow
 def test_a_bad_trust_variable_is_one_line_and_78_before_anything_runs():
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPOD_", "MASTER_", "PET_", "PAI_", "SLURM_"))}
     result = subprocess.run([sys.executable, "-m", "trainpod", "run", "--", sys.executable, "train.py"],
