@@ -24,8 +24,9 @@ watch ends the rank with SIGKILL and its keeper replaces it, as any dead rank (_
 sooner, after ORPHAN_S, when a thread of the rank waits in a receive or a send that gloo can no longer end: gloo's
 tcp transport fails every operation of a connection that closes, except the two it had begun, a receive whose
 message had begun to arrive and a send whose message it had begun to write, which wait for the group's timeout
-(30 min by default). A survivor that was receiving from or sending to the dead rank, or a live one when the
-connections were shut down, is then replaced as well.
+(30 min by default). A collective's run on a worker thread of gloo's, which py-spy cannot show: its main thread's
+wait for the collective (c10d::Work::wait) stands for them. A survivor that was receiving from or sending to the
+dead rank, or a live one when the connections were shut down, is then replaced as well.
 recover() first shuts down this rank's connections in the broken group, so that every peer's pending
 collective with it fails at once, then leaves the group without freeing it (_broken: the group is
 held from the moment it formed, so a script that destroyed it already cannot free it either), waits
@@ -74,8 +75,12 @@ ORPHAN_S = 2.0  # ... and when to look (py-spy, every ORPHAN_S) whether it waits
 # send's began to be written, the connection's failure no longer reaches it. gloo/transport/tcp/pair.cc's
 # Pair::signalException fails the pending operations, but not the one being read (the pair's rx_), and of the ones
 # being written (its tx_) only those of bound buffers, while every collective's are unbound.
+# A collective (all_reduce, broadcast, ...) runs on a worker thread of gloo's, which py-spy does not show (a thread with
+# no Python in it): its cut receive or send is seen as the main thread's wait for that collective, which the shut-down
+# connections ended at once were it not cut.
 ORPHANED = {"gloo::transport::tcp::UnboundBuffer::waitRecv": "a receive",
-            "gloo::transport::tcp::UnboundBuffer::waitSend": "a send"}
+            "gloo::transport::tcp::UnboundBuffer::waitSend": "a send",
+            "c10d::Work::wait": "a collective"}
 _SPY_S = 10.0  # how long py-spy may take to read this process's stacks (longer on a loaded machine; not STUCK_S, which tests set low)
 _WATCH_WAIT_S = 86400.0  # one wait of the watch for the next generation (then it waits again): a day
 _EXPIRY_GRACE_S = 10.0  # a meeting's wait lasts this much past its deadline, for a rank to decide it expired (_meet)
@@ -263,6 +268,8 @@ def _recover_or_end(watched: int) -> None:
             look_at = now + ORPHAN_S
         idle = _cpu_s(main.native_id) - cpu < 0.05 * (now - since) and generation() == watched
         stacks = _native_stacks() if idle and (looking or stuck) else ""  # once a turn, for both rules
+        if stacks and _where(main) != stuck_at:
+            continue  # it moved while py-spy read it (seconds on a busy machine): watched from where it is now
         orphaned = next((wait for wait in ORPHANED if wait in stacks), None) if looking else None
         if orphaned:
             _end(f"{ORPHANED[orphaned]} in progress when its group was given up ({orphaned}), which gloo ends only "

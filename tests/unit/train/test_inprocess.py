@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fixtures import stuck_stacks  # noqa: E402
 from fixtures.ports import free_port  # noqa: E402
 from trainpod.contract import HANGS_DIR, INPROCESS_GENERATION_VAR, OUTPUT_DIR_VAR  # noqa: E402
 from trainpod.train import inprocess  # noqa: E402
@@ -365,6 +366,55 @@ def test_a_rank_whose_receive_or_send_was_cut_mid_message_ends_without_waiting_o
                            "which gloo ends only at the group's timeout, after "), err
     assert line.endswith(f"-rank{left}-stuck.txt): the rank ends, and its keeper replaces it"), line
     assert ended < MOVES_AFTER_S + inprocess.ORPHAN_S + 8, ended  # its first look there, on a loaded machine (STUCK_S: 60 s)
+
+
+# A collective runs on a worker thread of gloo's, which py-spy does not show: a receive or send of it cut mid-message is
+# seen as the main thread's wait for the collective (c10d::Work::wait; CI, test_faults: a survivor's all_reduce in
+# Preemption.should_stop, ended only after STUCK_S as "still idle"). Made here without a cut: a broadcast in a group of
+# the script's own, whose connections the watch leaves (it shuts down the job's group's), from a rank that never sends.
+COLLECTIVE = textwrap.dedent("""
+    import sys, torch
+    from trainpod.train import inprocess
+
+    inprocess.STUCK_S = 60.0  # within the test's bounds only the look for a wait that gloo no longer ends can end it
+    inprocess.init_process_group("gloo")
+    group = torch.distributed.new_group([0, 1])
+    if sys.argv[1] == "0":
+        print("waiting", flush=True)
+        torch.distributed.broadcast(torch.zeros(4), 1, group=group)
+        print("received", flush=True)
+    else:
+        print("formed", flush=True)
+        sys.stdin.readline()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("py-spy"), reason="the look at the native stacks needs py-spy")
+def test_a_rank_whose_main_thread_waits_for_a_collective_after_its_group_was_given_up_ends_without_the_stuck_rank_watch(
+        tmp_path, store):
+    store, port = store
+    env = rank_env(port, world=2, **{OUTPUT_DIR_VAR: str(tmp_path / "out")})
+    ranks = [subprocess.Popen([sys.executable, "-c", COLLECTIVE, str(rank)], env={**env, "RANK": str(rank)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    try:
+        assert ranks[1].stdout.readline() == "formed\n"
+        assert ranks[0].stdout.readline() == "waiting\n"
+        inprocess.counted(store, 1)  # what the keeper of a killed rank does
+        started = time.monotonic()
+        out, err = ranks[0].communicate(timeout=30)
+        ended = time.monotonic() - started
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    assert ranks[0].returncode == -9, (out, err)
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("trainpod: rank 0: a collective in progress when its group was given up (c10d::Work::wait), "
+                           "which gloo ends only at the group's timeout, after "), err
+    assert stuck_stacks.orphaned(err) == [0]
+    assert ended < inprocess.ORPHAN_S + 10, ended  # its first look there, on a loaded machine (STUCK_S: 60 s)
 
 
 def meet_all(store_port: int, starts: list[int], world: int | None = None, timeout_s: float | list[float] = 30) -> list:
