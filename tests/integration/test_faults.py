@@ -323,7 +323,7 @@ def test_in_process_recovery_replaces_killed_ranks_on_either_node_and_keeps_the_
     log = job.logs("node0") + job.logs("node1")
     assert "restarting the worker group" not in log, log[-4000:]
     if orphaned:
-        print(f"in-process recovery: survivor(s) {sorted(set(orphaned))} replaced too, for a receive or send cut mid-message")
+        print(f"in-process recovery: survivor(s) {sorted(set(orphaned))} replaced too, for a receive, send or collective cut mid-message")
     # 3 survivors, twice (one less for each survivor replaced, whose death counts one more generation)
     assert log.count("the group re-formed in-process") == 6 - len(orphaned), log[-4000:]
     assert metrics["checksum"] == reference and metrics["in_process_generation"] == 2 + len(orphaned)

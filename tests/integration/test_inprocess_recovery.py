@@ -129,7 +129,8 @@ def test_a_killed_rank_is_replaced_in_process_and_the_others_keep_their_processe
     # the group's timeout.
     orphaned = stuck_stacks.orphaned(log)
     if orphaned:
-        print(f"\nrank {victim} of {nproc} killed: survivor(s) {sorted(set(orphaned))} replaced too, for a receive or send cut mid-message")
+        print(f"\nrank {victim} of {nproc} killed: survivor(s) {sorted(set(orphaned))} replaced too, "
+              "for a receive, send or collective cut mid-message")
     survivors = [r for r in range(nproc) if r != victim and r not in orphaned]
     assert set(before) == {f"{kind}{r}" for kind in ("rank", "keeper") for r in range(nproc)}, before
     # their own processes (a failure says what the keepers and agent said: which rank was replaced, and why, and the
