@@ -53,6 +53,7 @@ def test_the_lr_scales_with_the_world_against_the_first_starts_and_follows_sampl
     assert optimizer3.param_groups[0]["lr"] == pytest.approx(0.4 * 3 / 2 * factor(24))
 
 
+@pytest.mark.slow
 def test_the_same_world_resumes_with_the_uninterrupted_lr():
     feed, optimizer = feed_with_schedule(world=1)
     run_steps(feed, epoch=1, steps=5)

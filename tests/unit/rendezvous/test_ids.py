@@ -63,6 +63,7 @@ def test_what_cannot_be_kept_is_refused_in_one_line(bad, says):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 @given(st.text(min_size=1, max_size=20))
 def test_any_text_is_escaped_or_refused_never_a_crash(text):
     try:

@@ -48,6 +48,7 @@ def unavailable(reason):
 # --- round trip ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_round_trip_of_a_training_state_is_bit_identical(tmp_path):
     model, optimizer, state = training_state()
     lines = []
