@@ -394,20 +394,30 @@ class _BooleanOptional(_Noted, argparse.BooleanOptionalAction):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 64 (UsageError), not a usage dump and 2; and a flag is
     its whole name: argparse's default takes `--max-restart` for `--max-restarts`, so a script that worked would
-    stop at its next release when a flag sharing the prefix comes, or mean another flag than it says."""
+    stop at its next release when a flag sharing the prefix comes, or mean another flag than it says.
+    `named=False`: its errors do not start with its name (the CLI's, whose error lines already do)."""
 
-    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+    def __init__(self, *args, allow_abbrev: bool = False, named: bool = True, **kwargs):
         super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+        self.named = named
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message}" if self.named else message)
 
     def parse_args(self, args=None, namespace=None):
         # argparse joins the arguments it does not know with spaces: an empty one, or one holding a space, was not seen
         parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:
-            self.error(f"unrecognized arguments: {shlex.join(unknown)}")
+        if unknown:  # said by the (sub)command they were given to: `trainpod explain: unrecognized arguments: ...`
+            self._chosen(parsed).error(f"unrecognized arguments: {shlex.join(unknown)}")
         return parsed
+
+    def _chosen(self, parsed) -> argparse.ArgumentParser:
+        """The innermost subcommand's parser that `parsed` went through (this one if none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and getattr(parsed, action.dest, None) in action.choices:
+                chosen = action.choices[getattr(parsed, action.dest)]
+                return chosen._chosen(parsed) if isinstance(chosen, ArgumentParser) else chosen
+        return self
 
 
 def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[Setting], title: str | None = None) -> None:

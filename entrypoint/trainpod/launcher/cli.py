@@ -85,7 +85,8 @@ def _job_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
-    parser = ArgumentParser(prog="trainpod", description=DESCRIPTION, epilog=EXIT_CODES, formatter_class=formatter)
+    parser = ArgumentParser(prog="trainpod", description=DESCRIPTION, epilog=EXIT_CODES, formatter_class=formatter,
+                            named=False)  # its errors are said as `trainpod: error: ...` (main)
     parser.add_argument("--version", action="version", version=f"trainpod {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
 

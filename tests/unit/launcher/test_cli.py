@@ -135,6 +135,15 @@ def test_usage_errors_exit_64(args):
     one_line_error(here(*args), 64)
 
 
+@pytest.mark.parametrize("args,says", [
+    (["explain", "--bogus"], "trainpod explain: unrecognized arguments: --bogus"),
+    (["job", "slurm", "cifar10-ddp", "--node", "2"], "trainpod job slurm: unrecognized arguments: --node 2"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_an_unknown_flag_is_named_by_the_command_it_was_given_to(args, says):
+    assert one_line_error(here(*args), 64) == f"trainpod: error: {says}"
+
+
 @pytest.mark.parametrize("env", [
     {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1"},
     {"PET_NNODES": "two", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "10.0.0.1"},
