@@ -6,7 +6,7 @@ gave up (its restart budget, the same failure twice) simply goes away, and the o
 as a failure to restart from; when the node that went away was node 0, whose agent hosts the store,
 they waited --connect-timeout on every attempt. So every agent of a multi-node job runs a small
 thread (JobControl) that, once a second, on the store the agents already share (node 0's, on the
-master port; the raw store, not a rendezvous round's):
+master port; the raw store, not a rendezvous round's; through a connection of its own, committed.own_client):
 
 - reads `trainpod/stop`: set by a node that ends the job on purpose, to {"code", "node", "why"};
   seen, the agent adds 1 to `trainpod/stop/seen` and stops its ranks (SIGTERM: they get
