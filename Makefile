@@ -284,9 +284,11 @@ lint: docs ## ruff, hadolint, and the manual's strict build (make docs)
 docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict -d build/site
 
-# The test suite in layers (issue 25), each on several processes (pytest-xdist): the quick unit tests first, then
-# the unit tests that take seconds (pytest.mark.slow: a job, processes, a store, timers), each stopping at the first
-# failure (-x; worksteal evens out their long tail); then the integration tests. The tests that share a
+# The test suite in two layers (issue 25), each on several processes (pytest-xdist): the quick unit tests first,
+# stopping at the first failure (-x; worksteal evens out their long tail); then the slow ones (-m slow): the unit
+# tests that take seconds (a job, processes, a store, timers) beside the integration tests, which are all slow. One
+# run for both: a layer's start (every worker imports torch and collects every test) is paid once less, and the unit
+# tests fill the cores while the integration tests wait on their timers and containers. The tests that share a
 # module fixture, a compose cluster or a subnet run on one worker, one after another (pytest.mark.xdist_group,
 # --dist loadgroup). Measured on 2 cores (docs/results.md, "The test suite"): 4 unit workers beat 3, which left the
 # cores idle a fifth of the time while tests waited on timers and processes. 3 integration workers: 2 leave the cores idle while
@@ -297,11 +299,10 @@ docs: ## the manual, built with --strict into build/site (mkdocs.yml, docs/)
 UNIT_WORKERS ?= 4
 INTEGRATION_WORKERS ?= 3
 PYTEST_ARGS ?=
-test: setup images lint ## provision, build the images, lint, then the quick unit tests, the slow ones, the integration tests (but the CUDA images')
+test: setup images lint ## provision, build the images, lint, then the quick unit tests, then the slow ones and the integration tests (but the CUDA images')
 	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "not slow and not cuda_images" $(PYTEST_ARGS)
-	$(PYTHON) -m pytest tests/unit -x -n $(UNIT_WORKERS) --dist worksteal -m "slow and not cuda_images" $(PYTEST_ARGS)
-	$(PYTHON) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not cuda_images" \
-		--durations=25 $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests/integration tests/unit -n $(INTEGRATION_WORKERS) --dist loadgroup --no-loadscope-reorder \
+		-m "slow and not cuda_images" --durations=25 $(PYTEST_ARGS)
 
 # The CUDA images without a GPU (tests/integration/test_cuda_images.py): built, then smoke-tested.
 # CI runs it after `make test`, with Apex's source from ../shared/vendor and only the Apex extensions

@@ -34,12 +34,20 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(("the test's containers as it failed", text))
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: make test's last layer is `-m slow` (tests/README.md)
 def pytest_collection_modifyitems(items):
-    """The longest work first: make test's workers (pytest-xdist, --dist loadgroup --no-loadscope-reorder) take the
+    """Every integration test is slow (it runs jobs, containers, clusters): marked so, it runs in make test's last
+    layer with the unit tests that are, `-m slow`.
+
+    The longest work first: make test's workers (pytest-xdist, --dist loadgroup --no-loadscope-reorder) take the
     work units (an xdist_group's tests, else one test) in this order, so that no long test starts last while the other
     workers have run out (in collection order the soak, the longest, started near the end, and one worker ran on
     alone: docs/results.md, "The test suite"). A unit's length is its tests' seconds in durations.json; a test not in
     it counts as the median. The tests of a unit keep their order."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.slow)
     try:
         known = json.loads(DURATIONS.read_text())
     except (OSError, ValueError):

@@ -6,9 +6,10 @@ the run's end prints a summary of FILE: the seconds with 1, 2, ... workers busy,
 
     make test PYTEST_ARGS="-p plugins.timeline" TP_TIMELINE=/tmp/timeline.tsv
 
-With TP_DURATIONS=FILE too, the run's end also writes each integration test's seconds to FILE as JSON (its id without
-xdist's `@group`): tests/integration/durations.json, from which the integration layer starts its longest work first
-(tests/integration/conftest.py). Refresh it from a whole `make test` run when tests come or go, or change length.
+With TP_DURATIONS=FILE too, the end of the run of the slow layer (the one with the integration tests) also writes each
+of its tests' seconds to FILE as JSON (its id without xdist's `@group`): tests/integration/durations.json, from which
+that layer starts its longest work first (tests/integration/conftest.py). Refresh it from a whole `make test` run when
+tests come or go, or change length.
 """
 
 from __future__ import annotations
@@ -65,10 +66,9 @@ def pytest_terminal_summary(terminalreporter):
     for start, end, worker, nodeid in sorted(rows, key=lambda r: r[1])[-8:]:
         terminalreporter.write_line(f"{worker:>5} {start - first:7.0f} s to {end - first:7.0f} s  {nodeid}")
     durations = os.environ.get("TP_DURATIONS")
-    integration = {without_group(nodeid): round(end - start, 1) for start, end, _, nodeid in rows
-                   if nodeid.startswith("tests/integration/")}
-    if durations and integration:
+    slow = {without_group(nodeid): round(end - start, 1) for start, end, _, nodeid in rows}
+    if durations and any(nodeid.startswith("tests/integration/") for nodeid in slow):  # the slow layer's run
         with open(durations, "w") as out:
-            json.dump(dict(sorted(integration.items())), out, indent=0)
+            json.dump(dict(sorted(slow.items())), out, indent=0)
             out.write("\n")
-        terminalreporter.write_line(f"durations of {len(integration)} integration tests: {durations}")
+        terminalreporter.write_line(f"durations of the slow layer's {len(slow)} tests: {durations}")
