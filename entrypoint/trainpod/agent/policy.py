@@ -997,10 +997,9 @@ def _heartbeats_of_their_own(handler) -> None:
     store = getattr(backend, "_store", None)
     if _backend(handler) != "c10d" or store is None or store is not getattr(handler, "_store", None):
         return  # another backend, or the state has a client of its own already
-    # torch's own way to a client per thread: a new connection to the same store. Where the store went away a moment
-    # after the first client met it, torch's one client stays, and the rendezvous fails or goes on as it would have.
-    with contextlib.suppress(Exception):
-        backend._store = store.clone()
+    # Where the store went away a moment after the first client met it, torch's one client stays (own_client), and the
+    # rendezvous fails or goes on as it would have.
+    backend._store = own_client(store)
 
 
 def _backend(handler) -> str:
